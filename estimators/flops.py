@@ -1,0 +1,59 @@
+"""Runtime from FLOP counts and bytes moved, at nominal device rates.
+
+Matrix ops are costed by ``torch.utils.flop_counter``; every op also pays for the bytes it reads
+and writes, so bandwidth-bound pointwise chains are not free. The estimate is
+``max(flops / flops_per_second, bytes / bytes_per_second)``, a roofline at fixed nominal rates
+(the roofline estimator measures them for the device instead).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+from estimators.base import Estimator
+
+__all__ = ["FlopsEstimator", "bytes_moved"]
+
+
+class FlopsEstimator(Estimator):
+    """Parameters
+    ----------
+    flops_per_second : nominal arithmetic rate (default 100 TFLOP/s, a modern GPU in bf16).
+    bytes_per_second : nominal memory bandwidth (default 2 TB/s).
+    """
+
+    name = "flops"
+
+    def __init__(self, flops_per_second: float = 100e12, bytes_per_second: float = 2e12) -> None:
+        self.flops_per_second = float(flops_per_second)
+        self.bytes_per_second = float(bytes_per_second)
+
+    def runtime(self, node: fx.Node) -> float:
+        return max(count_flops(node) / self.flops_per_second, bytes_moved(node) / self.bytes_per_second)
+
+
+def _val(arg):
+    return arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+
+
+def count_flops(node: fx.Node) -> int:
+    """FLOPs of one call of the node's op, on its fake input tensors (0 for ops without a formula)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return 0
+    if target not in flop_registry and target.overloadpacket not in flop_registry:
+        return 0
+    args = tree_map(_val, node.args, is_leaf=lambda x: isinstance(x, fx.Node))
+    kwargs = tree_map(_val, node.kwargs, is_leaf=lambda x: isinstance(x, fx.Node))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        target(*args, **kwargs)
+    return int(counter.get_total_flops())
+
+
+def bytes_moved(node: fx.Node) -> int:
+    """Bytes of every tensor the node reads plus every tensor it writes."""
+    leaves, _ = tree_flatten([_val(a) for a in node.all_input_nodes] + [node.meta.get("val")])
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))

@@ -1,0 +1,104 @@
+"""The one place that calls private torch functions.
+
+Every private entry point the planner needs is wrapped here, so an upgrade of torch touches one
+file; ``tests/test_torch_compat.py`` checks each wrapper on the installed version (the project
+supports torch 2.11 through 2.13).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+__all__ = [
+    "aot_autograd",
+    "extract_fwd_bwd_modules",
+    "run_and_save_rng_state",
+    "run_with_rng_state",
+    "inductor_compile",
+    "has_custom_partitioner_hook",
+    "default_partition",
+    "pytorch_knapsack_solvers",
+]
+
+
+def aot_autograd(**kwargs: Any) -> Callable:
+    """A torch.compile backend running AOTAutograd with the given compilers and partition_fn."""
+    from torch._dynamo.backends.common import aot_autograd as _aot_autograd
+
+    return _aot_autograd(**kwargs)
+
+
+def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
+    from torch._functorch.partitioners import default_partition as _default
+
+    return _default(joint, joint_inputs, **kwargs)
+
+
+def extract_fwd_bwd_modules(
+    joint: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    num_fwd_outputs: int,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Split a joint graph into AOTAutograd's forward and backward modules.
+
+    The forward returns its outputs followed by ``saved_values`` and ``saved_sym_nodes``; the
+    backward takes those and the tangents, and computes every other forward node it needs itself,
+    in the joint graph's order. AOTAutograd's runtime expects exactly this layout.
+    """
+    from torch._functorch.partitioners import _extract_fwd_bwd_modules
+
+    return _extract_fwd_bwd_modules(
+        joint, list(saved_values), list(saved_sym_nodes), num_fwd_outputs=num_fwd_outputs
+    )
+
+
+def run_and_save_rng_state() -> Any:
+    """Higher-order op returning ``(rng_state, op(*args))``; inductor runs it as a fallback."""
+    return torch._prims.rng_prims.run_and_save_rng_state
+
+
+def run_with_rng_state() -> Any:
+    """Higher-order op running ``op(*args)`` with the RNG set to a saved state, then restoring it."""
+    return torch._prims.rng_prims.run_with_rng_state
+
+
+def has_custom_partitioner_hook() -> bool:
+    import torch._inductor.config as inductor_config
+
+    return hasattr(inductor_config, "custom_partitioner_fn")
+
+
+def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Callable) -> Callable:
+    """Compile a dynamo graph with inductor, using ``partition_fn`` to split the joint graph.
+
+    Uses inductor's custom partitioner hook, so inductor's joint-graph passes run before the
+    planner sees the graph.
+    """
+    import torch._inductor.config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+    class _Partitioner(CustomPartitionerFn):
+        def __call__(self, joint, joint_inputs, **kwargs):
+            return partition_fn(joint, joint_inputs, **kwargs)
+
+        def uuid(self) -> None:
+            # The split depends on the plan, so no compiled artefact may be reused across plans.
+            return None
+
+    with inductor_config.patch(custom_partitioner_fn=_Partitioner(), fx_graph_cache=False):
+        return compile_fx(gm, example_inputs)
+
+
+def pytorch_knapsack_solvers() -> dict[str, Callable]:
+    """PyTorch's own knapsack solvers, for side-by-side benchmarks."""
+    from torch._functorch._activation_checkpointing import knapsack
+
+    return {
+        "torch_greedy": knapsack.greedy_knapsack,
+        "torch_dp": knapsack.dp_knapsack,
+        "torch_ilp": knapsack.ilp_knapsack,
+    }

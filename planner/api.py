@@ -1,0 +1,122 @@
+"""``plan()``: capture a model, choose what to save, and return a module that trains with it."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from planner.backend import GraphPlan, PlannerBackend, solve_graph
+from planner.bounds import min_memory_plan, runtime_optimal_plan
+from planner.capture import as_inputs, capture
+from planner.config import PlannerConfig
+from planner.decision import Decision
+from planner.problem import evaluate
+from planner.units import format_bytes
+
+__all__ = ["plan", "Plan", "Prediction"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the planner expects of the plan (estimates, not measurements)."""
+
+    saved_bytes: int  # activations kept for the backward (plus RNG states), bytes
+    recompute_seconds: float  # extra runtime spent recomputing in the backward, seconds
+    step_seconds: float  # estimated runtime of the step without recomputation, seconds
+    min_bytes: int  # saved bytes of the most memory-frugal plan (budget 0.0)
+    max_bytes: int  # saved bytes of the runtime-optimal plan (budget 1.0)
+
+    @property
+    def overhead(self) -> float:
+        """Recompute time as a fraction of the step time."""
+        return self.recompute_seconds / self.step_seconds if self.step_seconds > 0 else 0.0
+
+
+class Plan:
+    """A solved plan for one model and input shape.
+
+    ``module`` is ``torch.compile(model)`` with this plan as its partitioner: it trains exactly
+    like the model. The model is compiled on its first call, with no solving at that point.
+    """
+
+    def __init__(self, model: nn.Module, graph_plan: GraphPlan, config: PlannerConfig) -> None:
+        self.config = config
+        self.graph_plan = graph_plan
+        self.backend = PlannerBackend(config, fixed=graph_plan)
+        self.module = torch.compile(model, backend=self.backend, fullgraph=True, dynamic=False)
+
+    @property
+    def decision(self) -> Decision:
+        return self.graph_plan.decision
+
+    @property
+    def saved(self) -> list[str]:
+        return list(self.decision.saved)
+
+    @property
+    def recomputed(self) -> list[str]:
+        problem = self.graph_plan.problem
+        result = evaluate(problem, problem.mask(problem.index(self.decision.saved)))
+        return [problem.names[i] for i in np.flatnonzero(result.recomputed)]
+
+    @property
+    def predicted(self) -> Prediction:
+        problem = self.graph_plan.problem
+        return Prediction(
+            saved_bytes=self.decision.memory_bytes,
+            recompute_seconds=self.decision.recompute_seconds,
+            step_seconds=self.graph_plan.step_seconds,
+            min_bytes=min_memory_plan(problem).memory_bytes,
+            max_bytes=runtime_optimal_plan(problem).memory_bytes,
+        )
+
+    def summary(self) -> str:
+        """A readable table of the plan."""
+        d, p = self.decision, self.predicted
+        gap = "n/a" if d.gap is None else f"{d.gap:.2%}"
+        rows = [
+            ("solver", f"{d.solver} ({d.status}, gap {gap})"),
+            ("estimator", self.config.estimator),
+            ("budget", f"{self.config.budget} -> {format_bytes(d.budget_bytes)}"),
+            ("saved activations", f"{format_bytes(p.saved_bytes)} ({len(d.saved)} tensors)"),
+            ("budget range", f"{format_bytes(p.min_bytes)} (0.0) .. {format_bytes(p.max_bytes)} (1.0)"),
+            ("recomputed ops", str(len(self.recomputed))),
+            ("predicted recompute", f"{p.recompute_seconds:.3g} s ({p.overhead:.1%} of the step)"),
+            ("plan time", f"{self.graph_plan.plan_seconds * 1e3:.0f} ms (solver {d.solve_seconds * 1e3:.0f} ms)"),
+            ("graph", f"{len(self.graph_plan.problem)} forward nodes, fingerprint {self.graph_plan.fingerprint}"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def __repr__(self) -> str:
+        return f"Plan(solver={self.decision.solver!r}, saved={format_bytes(self.decision.memory_bytes)})"
+
+
+def plan(
+    model: nn.Module,
+    example_inputs: Any,
+    memory_budget: float | int | str | None = None,
+    solver: str | None = None,
+    estimator: str | None = None,
+    config: PlannerConfig | None = None,
+) -> Plan:
+    """Plan activation checkpointing for ``model`` on inputs shaped like ``example_inputs``.
+
+    Keyword arguments override the fields of ``config`` (default :class:`PlannerConfig`).
+
+    Raises
+    ------
+    CaptureError
+        If the model cannot be captured as one graph.
+    InfeasibleBudget
+        If the budget is below the most frugal plan; the error names the smallest budget.
+    ConfigError, UnknownNameError
+        For a bad budget, solver or estimator.
+    """
+    config = (config or PlannerConfig()).replace(memory_budget=memory_budget, solver=solver, estimator=estimator)
+    joint = capture(model, as_inputs(example_inputs), codegen=config.codegen)
+    return Plan(model, solve_graph(joint, config), config)

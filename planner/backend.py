@@ -1,0 +1,83 @@
+"""The planner as a torch.compile backend: every joint graph is planned, then split and compiled."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch.fx as fx
+
+from estimators import get_estimator
+from planner.build import build_problem, estimate_step_seconds
+from planner.capture import make_backend
+from planner.config import PlannerConfig
+from planner.decision import Decision
+from planner.emit import emit
+from planner.errors import PlanFileError
+from planner.graph import JointGraph
+from planner.problem import Problem
+from solvers import get_solver
+
+__all__ = ["backend", "PlannerBackend", "GraphPlan", "solve_graph"]
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """The plan of one joint graph: its problem, the solver's decision, and estimates."""
+
+    fingerprint: str
+    problem: Problem
+    decision: Decision
+    step_seconds: float  # estimated runtime of the step without recomputation
+    plan_seconds: float  # problem building and solving, wall time
+
+
+def solve_graph(joint: JointGraph, config: PlannerConfig) -> GraphPlan:
+    """Estimate, build the problem, resolve the budget and solve, for one joint graph."""
+    start = time.perf_counter()
+    estimator = get_estimator(config.estimator, **config.estimator_options)
+    problem = build_problem(joint, estimator)
+    solver = get_solver(config.solver, time_limit=config.time_limit, **config.solver_options)
+    decision = solver.solve(problem, config.budget.resolve(problem))
+    return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator), time.perf_counter() - start)
+
+
+class PlannerBackend:
+    """A torch.compile backend that plans each joint graph it is given.
+
+    With ``fixed`` set, the graph must be the one that plan was made for (same fingerprint) and
+    no solver runs. ``graphs`` lists a :class:`GraphPlan` per planned graph, in compile order.
+    """
+
+    def __init__(self, config: PlannerConfig, fixed: GraphPlan | None = None) -> None:
+        self.config = config
+        self.fixed = fixed
+        self.graphs: list[GraphPlan] = []
+        self._compile: Callable = make_backend(self.partition, config.codegen)
+
+    def partition(self, joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **_: Any):
+        """AOTAutograd partition function: plan the joint graph and split it accordingly."""
+        joint = JointGraph(joint_module, num_fwd_outputs, list(joint_inputs))
+        if self.fixed is None:
+            graph_plan = solve_graph(joint, self.config)
+        elif joint.fingerprint == self.fixed.fingerprint:
+            graph_plan = self.fixed
+        else:
+            raise PlanFileError(
+                f"the compiled graph (fingerprint {joint.fingerprint}) is not the one the plan was made for "
+                f"({self.fixed.fingerprint}); the model, its input shapes or the codegen changed, so plan again"
+            )
+        self.graphs.append(graph_plan)
+        return emit(joint, graph_plan.problem, graph_plan.decision.saved)
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
+        return self._compile(gm, example_inputs)
+
+
+def backend(config: PlannerConfig | None = None, **overrides: Any) -> PlannerBackend:
+    """A backend for ``torch.compile(model, backend=planner.backend(memory_budget=0.5))``.
+
+    Graph breaks are allowed: each graph is planned on its own, with the same budget fraction.
+    """
+    config = (config or PlannerConfig()).replace(**overrides)
+    return PlannerBackend(config)

@@ -1,0 +1,71 @@
+"""Memory budgets: a fraction of the range between the frugal and the fast plan, or a size."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.bounds import min_memory_plan, runtime_optimal_plan
+from planner.errors import ConfigError
+from planner.problem import Problem
+from planner.units import format_bytes, parse_size
+
+__all__ = ["Budget"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget for saved activations.
+
+    Exactly one of ``fraction`` (in [0, 1]: 0 is the most memory-frugal feasible plan, 1 the
+    runtime-optimal plan, linear in bytes between them) and ``nbytes`` (an absolute bound) is set.
+    """
+
+    fraction: float | None = None
+    nbytes: int | None = None
+
+    @classmethod
+    def parse(cls, value: "Budget | float | int | str") -> "Budget":
+        """Read a budget: a float fraction, an int of bytes, or a string such as ``"1.5GiB"``.
+
+        Raises
+        ------
+        ConfigError
+            For a fraction outside [0, 1], a negative size, or unreadable text.
+        """
+        if isinstance(value, Budget):
+            return value
+        if isinstance(value, bool):
+            raise ConfigError(_HELP.format(value=value))
+        if isinstance(value, float):
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(_HELP.format(value=value))
+            return cls(fraction=value)
+        if isinstance(value, int):
+            if value < 0:
+                raise ConfigError(_HELP.format(value=value))
+            return cls(nbytes=value)
+        if isinstance(value, str):
+            text = value.strip()
+            if "." in text and text.replace(".", "", 1).isdigit():
+                return cls.parse(float(text))  # "0.5" in a config file is a fraction
+            try:
+                return cls(nbytes=parse_size(text))
+            except ValueError as err:
+                raise ConfigError(f"memory_budget: {err}") from None
+        raise ConfigError(_HELP.format(value=repr(value)))
+
+    def resolve(self, problem: Problem) -> int:
+        """The budget in bytes for this problem."""
+        if self.nbytes is not None:
+            return self.nbytes
+        lo = min_memory_plan(problem).memory_bytes
+        hi = runtime_optimal_plan(problem).memory_bytes
+        return lo + int((hi - lo) * self.fraction)
+
+    def __str__(self) -> str:
+        return f"{self.fraction:g}" if self.fraction is not None else format_bytes(self.nbytes)
+
+
+_HELP = (
+    "memory_budget={value} is out of range; give a fraction in [0.0, 1.0] (0.0 = most memory-frugal "
+    "plan, 1.0 = runtime-optimal plan), a size such as '1.5GiB', or a non-negative int of bytes"
+)

@@ -1,0 +1,99 @@
+"""Turn a joint graph and an estimator into a torch-free :class:`~planner.problem.Problem`."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from estimators.base import Estimator
+from planner.graph import JointGraph
+from planner.ops import aliased_input, is_getitem, is_random, side_effect, storage_bytes
+from planner.problem import Problem
+
+__all__ = ["build_problem", "estimate_step_seconds"]
+
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def build_problem(joint: JointGraph, estimator: Estimator) -> Problem:
+    """One row per forward-region node: bytes, runtime, and what may be done with it.
+
+    Views and getitems cost nothing to recompute and are never saved (their base is); random ops
+    are recomputable by replaying their saved RNG state; side-effecting ops (mutations,
+    collectives, opaque calls) and symbolic sizes are never recomputed.
+    """
+    nodes = joint.forward_nodes
+    index = {node: i for i, node in enumerate(nodes)}
+    needed = set(joint.needed_by_backward)
+    n = len(nodes)
+    nbytes = np.zeros(n, dtype=np.int64)
+    runtime = np.zeros(n, dtype=np.float64)
+    saveable = np.zeros(n, dtype=bool)
+    recomputable = np.zeros(n, dtype=bool)
+    random = np.zeros(n, dtype=bool)
+    reasons: dict[int, str] = {}
+    ptr, idx = [0], []
+    for i, node in enumerate(nodes):
+        val = node.meta.get("val")
+        view = aliased_input(node) is not None
+        if isinstance(val, torch.Tensor) and not view:
+            saveable[i], nbytes[i] = True, storage_bytes(val)
+        reason = _never_recompute(node, val)
+        if reason is None:
+            recomputable[i] = True
+        else:
+            reasons[i] = reason
+            saveable[i] = saveable[i] or isinstance(val, _SYM)
+        random[i] = is_random(node)
+        runtime[i] = 0.0 if view or is_getitem(node) else estimator.runtime(node)
+        idx.extend(index[inp] for inp in node.all_input_nodes if inp in index)
+        ptr.append(len(idx))
+    return Problem(
+        names=tuple(node.name for node in nodes),
+        nbytes=nbytes,
+        runtime=runtime,
+        saveable=saveable,
+        recomputable=recomputable,
+        random=random,
+        needed=np.array([node in needed for node in nodes], dtype=bool),
+        input_ptr=np.array(ptr, dtype=np.int64),
+        input_idx=np.array(idx, dtype=np.int64),
+        rng_state_bytes=_rng_state_bytes(nodes),
+        must_save_reason=reasons,
+        targets=tuple(str(node.target) for node in nodes),
+        fingerprint=joint.fingerprint,
+    )
+
+
+def _never_recompute(node: fx.Node, val: object) -> str | None:
+    reason = side_effect(node)
+    if reason is not None:
+        return reason
+    if isinstance(val, _SYM):
+        return "symbolic size, passed to the backward as a number"
+    if node.meta.get("partitioner_tag") == "must_be_in_forward":
+        return "tagged must_be_in_forward by AOTAutograd"
+    if is_random(node) and _device(val) not in ("cpu", "cuda"):
+        return f"random op on {_device(val)}, whose RNG state cannot be replayed"
+    return None
+
+
+def _device(val: object) -> str | None:
+    first = val[0] if isinstance(val, (tuple, list)) and val else val
+    return first.device.type if isinstance(first, torch.Tensor) else None
+
+
+def _rng_state_bytes(nodes: list[fx.Node]) -> int:
+    """Bytes of one saved RNG state: 16 on CUDA (seed and offset), the generator state on CPU."""
+    devices = {_device(node.meta.get("val")) for node in nodes if is_random(node)}
+    sizes = [16 if d == "cuda" else torch.get_rng_state().numel() for d in devices]
+    return max(sizes, default=16)
+
+
+def estimate_step_seconds(joint: JointGraph, estimator: Estimator) -> float:
+    """Estimated runtime of the whole training step without recomputation, seconds."""
+    return sum(
+        estimator.runtime(node)
+        for node in joint.graph.nodes
+        if node.op == "call_function" and not is_getitem(node) and aliased_input(node) is None
+    )

@@ -1,0 +1,130 @@
+"""Capture a model's joint forward+backward graph through torch.compile and AOTAutograd."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from planner import _torch_compat
+from planner.errors import CaptureError
+from planner.graph import JointGraph
+
+__all__ = ["capture", "as_inputs", "make_backend", "CODEGENS"]
+
+CODEGENS = ("eager", "inductor")
+
+
+class _Captured(Exception):
+    """Raised from inside the partitioner to stop compilation once the joint graph is in hand."""
+
+    def __init__(self, joint: JointGraph):
+        super().__init__("joint graph captured")
+        self.joint = joint
+
+
+def as_inputs(example_inputs: Any) -> tuple:
+    """Example inputs as a tuple: a lone tensor is wrapped, a list becomes a tuple."""
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs)
+    raise CaptureError(
+        f"example_inputs must be a tensor or a tuple of the model's positional arguments, "
+        f"got {type(example_inputs).__name__}"
+    )
+
+
+def make_backend(partition_fn: Callable, codegen: str) -> Callable:
+    """A torch.compile backend whose joint graphs are split by ``partition_fn``.
+
+    ``codegen="eager"`` runs the split graphs op by op (like aot_eager); ``"inductor"`` compiles
+    them with inductor, through its custom partitioner hook.
+    """
+    if codegen == "eager":
+        return _torch_compat.aot_autograd(fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition_fn)
+    if codegen == "inductor":
+        return lambda gm, example_inputs: _torch_compat.inductor_compile(gm, example_inputs, partition_fn)
+    raise ValueError(f"codegen must be one of {CODEGENS}, got {codegen!r}")
+
+
+def _identity(gm, example_inputs):
+    from functorch.compile import make_boxed_func
+
+    return make_boxed_func(gm)
+
+
+def capture(model: nn.Module, example_inputs: Any, codegen: str = "eager") -> JointGraph:
+    """The joint forward+backward graph of one training step of ``model``.
+
+    The model is traced with fake tensors (nothing is run for real, so BatchNorm statistics and
+    the RNG are untouched). ``codegen`` must match how the plan will run, since inductor rewrites
+    the joint graph before partitioning it.
+
+    Raises
+    ------
+    CaptureError
+        On a graph break, data-dependent control flow, or when nothing requires a gradient.
+    """
+    inputs = as_inputs(example_inputs)
+    if not _anything_requires_grad(model, inputs):
+        raise CaptureError(
+            "nothing in this model or its inputs requires a gradient, so there is no backward pass "
+            "to plan; call model.train() and make sure its parameters have requires_grad=True"
+        )
+
+    def grab(joint, joint_inputs, *, num_fwd_outputs, **_):
+        raise _Captured(JointGraph(joint, num_fwd_outputs, list(joint_inputs)))
+
+    compiled = torch.compile(model, backend=make_backend(grab, codegen), fullgraph=True, dynamic=False)
+    try:
+        compiled(*inputs)
+    except Exception as err:  # dynamo wraps what the backend raises
+        captured = _find_cause(err, _Captured)
+        if captured is not None:
+            return captured.joint
+        raise _capture_error(err) from err
+    raise CaptureError(
+        "the model ran without producing a joint graph: its outputs do not depend on anything that "
+        "requires a gradient; return a tensor computed from the parameters or inputs"
+    )
+
+
+def _anything_requires_grad(model: Any, inputs: Sequence) -> bool:
+    params = model.parameters() if isinstance(model, nn.Module) else ()
+    return any(p.requires_grad for p in params) or any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in inputs
+    )
+
+
+def _find_cause(err: BaseException | None, kind: type) -> Any:
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, kind):
+            return err
+        seen.add(id(err))
+        err = getattr(err, "inner_exception", None) or err.__cause__ or err.__context__
+    return None
+
+
+def _capture_error(err: Exception) -> CaptureError:
+    text = str(err)
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    data_dependent = any(
+        key in text
+        for key in ("data-dependent", "Data-dependent", "data dependent", "GuardOnDataDependent", "generic_jump")
+    )
+    if data_dependent:
+        return CaptureError(
+            f"data-dependent control flow: the model branches on a tensor's value ({first}); "
+            "replace the Python `if`/loop on tensor values with torch.where or torch.cond"
+        )
+    import torch._dynamo.exc as dynamo_exc
+
+    if isinstance(err, (dynamo_exc.Unsupported, dynamo_exc.UserError)):
+        return CaptureError(
+            f"graph break: torch.compile cannot trace the whole model as one graph ({first}); "
+            "remove the unsupported Python construct from forward (prints, .item(), .tolist(), "
+            "calls into non-torch libraries), or use planner.backend(), which plans each graph separately"
+        )
+    return CaptureError(f"the model could not be traced by torch.compile: {type(err).__name__}: {first}")

@@ -1,0 +1,111 @@
+"""Planner configuration: one validated dataclass, read once at the API edge."""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from planner.budget import Budget
+from planner.capture import CODEGENS
+from planner.errors import ConfigError
+
+__all__ = ["PlannerConfig"]
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Everything that decides a plan.
+
+    Attributes
+    ----------
+    memory_budget : fraction in [0, 1] (0 = most memory-frugal plan, 1 = runtime-optimal plan),
+        a size such as ``"1.5GiB"``, or an int of bytes, for activations kept for the backward.
+    solver : name of a registered solver (see ``solvers.available_solvers()``).
+    estimator : name of a registered estimator (see ``estimators.available_estimators()``).
+    time_limit : seconds a solver may spend on one graph.
+    codegen : ``"inductor"`` (compiled kernels) or ``"eager"`` (op by op, for debugging).
+    solver_options, estimator_options : extra keyword arguments for the solver / estimator.
+    """
+
+    memory_budget: float | int | str = 1.0
+    solver: str = "ilp"
+    estimator: str = "flops"
+    time_limit: float = 60.0
+    codegen: str = "inductor"
+    solver_options: dict[str, Any] = field(default_factory=dict)
+    estimator_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from estimators import available_estimators
+        from solvers import available_solvers
+
+        object.__setattr__(self, "memory_budget", Budget.parse(self.memory_budget))
+        _check_choice("solver", self.solver, available_solvers())
+        _check_choice("estimator", self.estimator, available_estimators())
+        _check_choice("codegen", self.codegen, list(CODEGENS))
+        if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or not self.time_limit > 0:
+            raise ConfigError(f"time_limit={self.time_limit!r} is invalid; give a positive number of seconds")
+        for name in ("solver_options", "estimator_options"):
+            if not isinstance(getattr(self, name), dict):
+                raise ConfigError(f"{name} must be a table/mapping of keyword arguments, got {getattr(self, name)!r}")
+
+    @property
+    def budget(self) -> Budget:
+        return self.memory_budget  # parsed in __post_init__
+
+    def replace(self, **changes: Any) -> "PlannerConfig":
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "PlannerConfig":
+        """Build from a mapping; unknown keys are an error naming the allowed ones."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a table of planner settings, got {type(data).__name__}")
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)}; allowed fields: {', '.join(allowed)}")
+        return cls(**data)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "PlannerConfig":
+        """Read a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file.
+
+        Settings sit at the top level or under a ``[planner]`` table.
+
+        Raises
+        ------
+        ConfigError
+            If the file is missing, is not valid TOML/YAML, or holds an invalid field.
+        """
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+        suffix = path.suffix.lower()
+        if suffix not in (".toml", ".yaml", ".yml"):
+            raise ConfigError(f"config file {path} must end in .toml, .yaml or .yml")
+        try:
+            if suffix == ".toml":
+                data = tomllib.loads(text)
+            else:
+                import yaml
+
+                data = yaml.safe_load(text) or {}
+        except (tomllib.TOMLDecodeError, ValueError) as err:
+            raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {err}") from None
+        except Exception as err:  # yaml.YAMLError, without importing yaml for TOML users
+            if type(err).__module__.startswith("yaml"):
+                raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+            raise
+        if isinstance(data, dict) and set(data) == {"planner"}:
+            data = data["planner"]
+        return cls.from_dict(data, source=str(path))
+
+
+def _check_choice(name: str, value: Any, allowed: list[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not allowed; choose one of: {', '.join(allowed)}")

@@ -1,0 +1,54 @@
+"""A solver's answer: which nodes to save, what that costs, and how it was found."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Decision", "Status"]
+
+
+class Status:
+    """How much a decision's objective can be trusted."""
+
+    OPTIMAL = "optimal"  # proven optimal for the problem's recompute objective
+    FEASIBLE = "feasible"  # an exact solver stopped at its time limit; ``gap`` bounds the loss
+    HEURISTIC = "heuristic"  # no optimality claim; ``stats`` says what the solver's own model guarantees
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The saved set and its figures, all measured by :func:`planner.problem.evaluate`.
+
+    Attributes
+    ----------
+    saved : names of the saved forward nodes (views are never saved; their bases are).
+    solver : name of the solver that ran (never a stand-in for it).
+    budget_bytes : the budget it solved for, bytes.
+    memory_bytes : saved bytes plus RNG states for recomputed random ops.
+    recompute_seconds : estimated runtime of the recomputation in the backward, seconds.
+    status : one of :class:`Status`.
+    gap : relative optimality gap of ``recompute_seconds`` when known (0.0 when proven optimal).
+    solve_seconds : wall time of the solver, seconds.
+    stats : solver-specific figures (e.g. the dp quantum and its knapsack bound).
+    """
+
+    saved: tuple[str, ...]
+    solver: str
+    budget_bytes: int
+    memory_bytes: int
+    recompute_seconds: float
+    status: str
+    gap: float | None
+    solve_seconds: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"saved": list(self.saved)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Decision":
+        return cls(**(data | {"saved": tuple(data["saved"])}))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)

@@ -1,0 +1,119 @@
+"""Rewrite a joint graph into forward and backward modules that follow a decision.
+
+The forward computes its outputs and the saved values; the backward recomputes every other
+forward value it reads, each just before its first use, as the autograd engine would order it.
+Random ops that are recomputed replay the RNG state the forward saved for them, so dropout masks
+are bit-identical.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from planner import _torch_compat
+from planner.graph import JointGraph
+from planner.ops import is_random
+from planner.problem import Problem, evaluate
+
+__all__ = ["emit"]
+
+
+def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...]) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Forward and backward modules saving exactly ``saved`` (names of forward nodes).
+
+    The joint graph is rewritten in place (it is consumed). The modules follow AOTAutograd's
+    calling convention: the forward returns its outputs, then the saved tensors, then saved
+    sizes; the backward takes the saved values and the tangents and returns the gradients.
+    """
+    result = evaluate(problem, problem.mask(problem.index(saved)))
+    by_name = {node.name: node for node in joint.graph.nodes}
+    recomputed = {by_name[problem.names[i]] for i in result.recomputed.nonzero()[0]}
+    kept = [by_name[problem.names[i]] for i in result.saved.nonzero()[0]]
+    replays = _save_rng_states(joint, recomputed)
+    recomputed = {replays[n].value if n in replays else n for n in recomputed}
+    _insert_recomputation(joint, recomputed, {r.value: r for r in replays.values()})
+    saved_values, saved_syms = _saved_values(joint, kept, [r.state for r in replays.values()])
+    joint.graph.lint()
+    joint.module.recompile()
+    return _torch_compat.extract_fwd_bwd_modules(joint.module, saved_values, saved_syms, joint.num_fwd_outputs)
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """A random node rewritten as ``pair = run_and_save_rng_state(op, *args)``; ``value = pair[1]``."""
+
+    state: fx.Node
+    value: fx.Node
+
+    @property
+    def pair(self) -> fx.Node:
+        return self.value.args[0]
+
+
+def _save_rng_states(joint: JointGraph, recomputed: set[fx.Node]) -> dict[fx.Node, _Replay]:
+    """Make each recomputed random node also return the RNG state it started from."""
+    graph, replays = joint.graph, {}
+    for node in [n for n in joint.forward_nodes if n in recomputed and is_random(n)]:
+        with graph.inserting_before(node):
+            pair = graph.call_function(_torch_compat.run_and_save_rng_state(), (node.target, *node.args), node.kwargs)
+            state = graph.call_function(operator.getitem, (pair, 0))
+            value = graph.call_function(operator.getitem, (pair, 1))
+        state_val = _rng_state_like(node)
+        pair.meta = dict(node.meta, val=(state_val, node.meta["val"]))
+        state.meta = {"val": state_val, "partitioner_tag": "is_forward"}
+        value.meta = dict(node.meta)
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+        replays[node] = _Replay(state, value)
+    return replays
+
+
+def _rng_state_like(node: fx.Node) -> torch.Tensor:
+    """A (fake) tensor shaped like the RNG state of the device the node runs on."""
+    val = node.meta["val"]
+    first = val[0] if isinstance(val, (tuple, list)) else val
+    cuda = first.device.type == "cuda"
+    state = torch.cuda.get_rng_state(first.device) if cuda else torch.get_rng_state()
+    mode = getattr(first, "fake_mode", None)
+    return mode.from_tensor(state) if mode is not None else state
+
+
+def _insert_recomputation(joint: JointGraph, recomputed: set[fx.Node], replays: dict[fx.Node, _Replay]) -> None:
+    """Give the backward its own copy of every recomputed node, placed before its first user."""
+    graph = joint.graph
+    copies: dict[fx.Node, fx.Node] = {}
+
+    def copy_of(node: fx.Node, before: fx.Node) -> fx.Node:
+        if node not in recomputed:
+            return node
+        if node not in copies:
+            replay = replays.get(node)
+            source = replay.pair if replay else node  # a replay re-runs the op inside the pair
+            args = fx.map_arg(source.args, lambda a: copy_of(a, before))
+            kwargs = fx.map_arg(source.kwargs, lambda a: copy_of(a, before))
+            with graph.inserting_before(before):
+                if replay:
+                    new = graph.call_function(_torch_compat.run_with_rng_state(), (replay.state, *args), kwargs)
+                else:
+                    new = graph.create_node(node.op, node.target, args, kwargs)
+            new.meta = dict(node.meta, partitioner_tag="is_backward", recomputed=True)
+            copies[node] = new
+        return copies[node]
+
+    backward = [n for n in graph.nodes if n in joint.backward_nodes or n.op == "output"]
+    for user in backward:
+        user.args = fx.map_arg(user.args, lambda a: copy_of(a, user))
+        user.kwargs = fx.map_arg(user.kwargs, lambda a: copy_of(a, user))
+
+
+def _saved_values(joint: JointGraph, kept: list[fx.Node], rng_states: list[fx.Node]) -> tuple[list, list]:
+    """Tensors and sizes the forward hands to the backward: saved nodes, RNG states, and primals."""
+    backward = [n for n in joint.graph.nodes if n.meta.get("recomputed") or n in joint.backward_nodes]
+    read = {inp for n in backward for inp in n.all_input_nodes}
+    values, syms = [], []
+    for node in [*[p for p in joint.primals if p in read], *kept, *rng_states]:
+        (values if isinstance(node.meta.get("val"), torch.Tensor) else syms).append(node)
+    return values, syms

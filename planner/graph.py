@@ -1,0 +1,107 @@
+"""The joint forward+backward graph and the split of its nodes into regions."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch.fx as fx
+
+__all__ = ["JointGraph"]
+
+
+def _is_tangent(node: fx.Node) -> bool:
+    return node.op == "placeholder" and "tangents" in str(node.target)
+
+
+@dataclass(eq=False)
+class JointGraph:
+    """AOTAutograd's joint graph: primals and tangents in, forward outputs and gradients out.
+
+    Every node carries ``meta["val"]`` (a FakeTensor, a SymInt or a tuple of them). The forward
+    region holds the nodes that do not depend on a tangent: each is computed in the forward and
+    either saved for the backward or recomputed there. The backward region holds the rest.
+    """
+
+    module: fx.GraphModule
+    num_fwd_outputs: int
+    joint_inputs: list = field(default_factory=list, repr=False)
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.module.graph
+
+    @cached_property
+    def output_node(self) -> fx.Node:
+        return next(iter(self.graph.find_nodes(op="output")))
+
+    @cached_property
+    def outputs(self) -> list:
+        out = self.output_node.args[0]
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    @property
+    def fwd_outputs(self) -> list:
+        return self.outputs[: self.num_fwd_outputs]
+
+    @property
+    def bwd_outputs(self) -> list:
+        return self.outputs[self.num_fwd_outputs :]
+
+    @cached_property
+    def primals(self) -> list[fx.Node]:
+        return [n for n in self.graph.find_nodes(op="placeholder") if not _is_tangent(n)]
+
+    @cached_property
+    def tangents(self) -> list[fx.Node]:
+        return [n for n in self.graph.find_nodes(op="placeholder") if _is_tangent(n)]
+
+    @cached_property
+    def backward_nodes(self) -> frozenset[fx.Node]:
+        """Nodes that depend on a tangent (or are tagged backward by AOTAutograd)."""
+        backward: set[fx.Node] = set(self.tangents)
+        for node in self.graph.nodes:
+            if node.op == "output":
+                continue
+            if node.meta.get("partitioner_tag") == "is_backward" or any(
+                inp in backward for inp in node.all_input_nodes
+            ):
+                backward.add(node)
+        return frozenset(backward)
+
+    @cached_property
+    def forward_nodes(self) -> list[fx.Node]:
+        """Computing nodes of the forward region, in graph order (placeholders excluded)."""
+        return [
+            n
+            for n in self.graph.nodes
+            if n.op not in ("placeholder", "output") and n not in self.backward_nodes
+        ]
+
+    @cached_property
+    def needed_by_backward(self) -> list[fx.Node]:
+        """Forward-region nodes (primals included) that the backward region reads directly."""
+        needed: dict[fx.Node, None] = {}
+        consumers = [n for n in self.graph.nodes if n in self.backward_nodes]
+        for node in consumers:
+            for inp in node.all_input_nodes:
+                if inp not in self.backward_nodes:
+                    needed[inp] = None
+        for out in self.bwd_outputs:
+            if isinstance(out, fx.Node) and out not in self.backward_nodes:
+                needed[out] = None
+        return list(needed)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A hash of the graph's structure (ops, edges, shapes, dtypes), stable across processes."""
+        h = hashlib.sha256()
+        for node in self.graph.nodes:
+            val = node.meta.get("val")
+            meta = (tuple(val.shape), str(val.dtype)) if hasattr(val, "shape") else type(val).__name__
+            h.update(f"{node.op}|{node.name}|{node.target}|{node.args}|{node.kwargs}|{meta}\n".encode())
+        h.update(str(self.num_fwd_outputs).encode())
+        return h.hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return len(self.graph.nodes)

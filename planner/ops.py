@@ -1,0 +1,103 @@
+"""What kind of operation an fx node of the joint graph is: view, random, side-effecting.
+
+These predicates read the ATen schema (alias annotations, mutability, tags), never a hand-kept
+list of op names, so new ops are classified correctly.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+__all__ = [
+    "is_getitem",
+    "is_view",
+    "aliased_input",
+    "is_random",
+    "side_effect",
+    "is_tensor_value",
+    "storage_bytes",
+]
+
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
+
+
+def is_getitem(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def _schema(node: fx.Node) -> torch.FunctionSchema | None:
+    target = node.target
+    return target._schema if isinstance(target, torch._ops.OpOverload) else None
+
+
+def aliased_input(node: fx.Node) -> fx.Node | None:
+    """The input whose storage the node's output shares, or None if the output owns its storage.
+
+    A view op (``view``, ``t``, ``expand``, ``detach``, ...) aliases its annotated argument; a
+    getitem of a view op's tuple (``split``, ``unbind``) aliases what that op aliases.
+    """
+    if is_getitem(node):
+        parent = node.args[0]
+        return aliased_input(parent) if isinstance(parent, fx.Node) else None
+    schema = _schema(node)
+    if schema is None or schema.is_mutable:
+        return None
+    out_sets = {
+        s for ret in schema.returns if ret.alias_info is not None for s in ret.alias_info.after_set
+    }
+    if not out_sets:
+        return None
+    for arg, value in zip(schema.arguments, node.args):
+        info = arg.alias_info
+        if info is not None and not info.is_write and out_sets & set(info.before_set):
+            return value if isinstance(value, fx.Node) else None
+    return None
+
+
+def is_view(node: fx.Node) -> bool:
+    return aliased_input(node) is not None
+
+
+def is_random(node: fx.Node) -> bool:
+    """True for ops that draw from the RNG (dropout, rand_like, bernoulli, ...)."""
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+
+
+def side_effect(node: fx.Node) -> str | None:
+    """Why the node must run exactly once, in the forward, or None if it is pure.
+
+    Mutating ops, collectives and calls the planner cannot see into are never recomputed.
+    """
+    if node.op != "call_function":
+        return None if node.op in ("placeholder", "output", "get_attr") else f"{node.op} node"
+    if is_getitem(node):
+        return None
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        if target.namespace in _COLLECTIVE_NAMESPACES:
+            return "collective"
+        if target._schema.is_mutable:
+            return "mutates an input"
+        return None
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher-order op {target.name()}"
+    if getattr(target, "__module__", "") in ("_operator", "operator", "math", "torch.sym_float"):
+        return None  # symbolic-size arithmetic on SymInts
+    if getattr(target, "__module__", "").startswith("torch.fx.experimental.sym_node"):
+        return None
+    return f"opaque call {getattr(target, '__name__', target)}"
+
+
+def is_tensor_value(value: object) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def storage_bytes(value: torch.Tensor) -> int:
+    """Bytes of the storage behind a (fake) tensor, which is what saving it keeps alive."""
+    try:
+        return int(value.untyped_storage().nbytes())
+    except (NotImplementedError, RuntimeError):
+        return int(value.numel() * value.element_size())

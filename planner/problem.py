@@ -1,0 +1,147 @@
+"""The torch-free planning problem: which forward values to save, which to recompute.
+
+A :class:`Problem` holds one row per node of the forward region of a joint graph, as numpy
+arrays. Solvers see nothing else, so they can be tested on synthetic graphs. The functions here
+define what a decision *means* (which nodes get recomputed, how many bytes stay alive, how many
+seconds recomputation costs); every solver's reported figures come from :func:`evaluate`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from planner.errors import PlannerError
+
+__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate"]
+
+
+class InfeasibleDecision(PlannerError):
+    """A set of saved nodes from which the backward cannot get a value it needs."""
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """Forward-region nodes of a joint graph, in topological order.
+
+    Attributes
+    ----------
+    names : node names, unique.
+    nbytes : bytes of storage kept alive if the node is saved (0 for views and tuples).
+    runtime : seconds to run the node once (0 for views and getitems).
+    saveable : the node owns a tensor storage (or is a SymInt) that can be saved.
+    recomputable : the node may be run again in the backward. False for side effects
+        (mutations, collectives, opaque calls); ``must_save_reason`` says why.
+    random : the node draws from the RNG; recomputing it also keeps ``rng_state_bytes`` alive.
+    needed : the backward reads the node directly.
+    input_ptr, input_idx : CSR adjacency, the forward-region inputs of node i are
+        ``input_idx[input_ptr[i]:input_ptr[i+1]]`` (primals are always available and not listed).
+    """
+
+    names: tuple[str, ...]
+    nbytes: np.ndarray
+    runtime: np.ndarray
+    saveable: np.ndarray
+    recomputable: np.ndarray
+    random: np.ndarray
+    needed: np.ndarray
+    input_ptr: np.ndarray
+    input_idx: np.ndarray
+    rng_state_bytes: int = 16
+    must_save_reason: dict[int, str] = field(default_factory=dict)
+    targets: tuple[str, ...] = ()
+    fingerprint: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        for name in ("nbytes", "runtime", "saveable", "recomputable", "random", "needed"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Problem.{name} has {len(getattr(self, name))} rows, expected {n}")
+        if len(self.input_ptr) != n + 1:
+            raise ValueError("Problem.input_ptr must have one more entry than there are nodes")
+        if np.any(self.input_idx >= np.repeat(np.arange(n), np.diff(self.input_ptr))):
+            raise ValueError("Problem nodes must be in topological order (an input comes after its user)")
+        blocked = self.needed & ~self.saveable & ~self.recomputable
+        if blocked.any():
+            i = int(np.flatnonzero(blocked)[0])
+            raise ValueError(f"node {self.names[i]} is needed by the backward but can be neither saved nor recomputed")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @cached_property
+    def inputs(self) -> list[np.ndarray]:
+        """Per node, the indices of its forward-region inputs."""
+        return np.split(self.input_idx, self.input_ptr[1:-1])
+
+    def index(self, names) -> np.ndarray:
+        """Indices of the named nodes."""
+        lookup = self._index_of
+        try:
+            return np.array([lookup[n] for n in names], dtype=np.int64)
+        except KeyError as err:
+            raise InfeasibleDecision(f"node {err.args[0]!r} is not a node of this problem") from None
+
+    @cached_property
+    def _index_of(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
+
+    def mask(self, indices) -> np.ndarray:
+        m = np.zeros(len(self), dtype=bool)
+        m[np.asarray(list(indices), dtype=np.int64)] = True
+        return m
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What a set of saved nodes costs.
+
+    ``saved`` is pruned to the nodes the backward actually reads (directly, or as inputs of a
+    recomputation); ``memory_bytes`` counts them plus one RNG state per recomputed random node.
+    """
+
+    saved: np.ndarray
+    recomputed: np.ndarray
+    memory_bytes: int
+    recompute_seconds: float
+
+
+def evaluate(problem: Problem, saved: np.ndarray) -> Evaluation:
+    """Follow the backward's needs from a saved set: what must be recomputed, and what it costs.
+
+    Parameters
+    ----------
+    problem : Problem
+    saved : bool array, one entry per node; True where the node is saved.
+
+    Raises
+    ------
+    InfeasibleDecision
+        If the backward needs a node that is neither saved nor recomputable, or a saved node
+        cannot be saved (a view: save its base instead).
+    """
+    saved = np.asarray(saved, dtype=bool)
+    if saved.shape != (len(problem),):
+        raise InfeasibleDecision(f"decision has {saved.shape[0]} entries, the problem {len(problem)} nodes")
+    bad = saved & ~problem.saveable
+    if bad.any():
+        raise InfeasibleDecision(f"node {problem.names[int(np.flatnonzero(bad)[0])]} cannot be saved (it owns no storage)")
+    used = np.zeros(len(problem), dtype=bool)
+    recomputed = np.zeros(len(problem), dtype=bool)
+    stack = list(np.flatnonzero(problem.needed))
+    inputs, recomputable = problem.inputs, problem.recomputable
+    while stack:
+        i = stack.pop()
+        if saved[i]:
+            used[i] = True
+        elif not recomputed[i]:
+            if not recomputable[i]:
+                raise InfeasibleDecision(
+                    f"node {problem.names[i]} is needed by the backward but is not saved and cannot be "
+                    f"recomputed ({problem.must_save_reason.get(i, 'not recomputable')})"
+                )
+            recomputed[i] = True
+            stack.extend(inputs[i])
+    memory = int(problem.nbytes[used].sum()) + problem.rng_state_bytes * int((recomputed & problem.random).sum())
+    return Evaluation(used, recomputed, memory, float(problem.runtime[recomputed].sum()))
