@@ -20,6 +20,7 @@ __all__ = [
     "has_custom_partitioner_hook",
     "default_partition",
     "pytorch_knapsack_solvers",
+    "mutated_primals",
 ]
 
 
@@ -102,3 +103,16 @@ def pytorch_knapsack_solvers() -> dict[str, Callable]:
         "torch_dp": knapsack.dp_knapsack,
         "torch_ilp": knapsack.ilp_knapsack,
     }
+
+
+def mutated_primals(joint: fx.GraphModule) -> set[fx.Node] | None:
+    """Primal placeholders that the step mutates (e.g. BatchNorm running statistics).
+
+    Read from AOTAutograd's input/output descriptors; None where this torch does not record them.
+    """
+    output = next(iter(joint.graph.find_nodes(op="output")))
+    descs = output.meta.get("desc")
+    if descs is None:
+        return None
+    mutated = {repr(d.mutated_input) for d in descs if hasattr(d, "mutated_input")}
+    return {n for n in joint.graph.find_nodes(op="placeholder") if repr(n.meta.get("desc")) in mutated}

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from planner.backend import GraphPlan, PlannerBackend, solve_graph
+from planner.compiler import GraphPlan, PlannerBackend, solve_graph
 from planner.bounds import min_memory_plan, runtime_optimal_plan
-from planner.capture import as_inputs, capture
+from planner.tracing import as_inputs, capture
 from planner.config import PlannerConfig
 from planner.decision import Decision
 from planner.problem import evaluate

@@ -38,7 +38,7 @@ def build_problem(joint: JointGraph, estimator: Estimator) -> Problem:
         view = aliased_input(node) is not None
         if isinstance(val, torch.Tensor) and not view:
             saveable[i], nbytes[i] = True, storage_bytes(val)
-        reason = _never_recompute(node, val)
+        reason = _never_recompute(node, val, joint.mutated_primals)
         if reason is None:
             recomputable[i] = True
         else:
@@ -65,10 +65,12 @@ def build_problem(joint: JointGraph, estimator: Estimator) -> Problem:
     )
 
 
-def _never_recompute(node: fx.Node, val: object) -> str | None:
+def _never_recompute(node: fx.Node, val: object, mutated: frozenset[fx.Node]) -> str | None:
     reason = side_effect(node)
     if reason is not None:
         return reason
+    if any(inp in mutated for inp in node.all_input_nodes):
+        return "reads an input the step mutates (such as BatchNorm running statistics)"
     if isinstance(val, _SYM):
         return "symbolic size, passed to the backward as a number"
     if node.meta.get("partitioner_tag") == "must_be_in_forward":

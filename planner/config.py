@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.budget import Budget
-from planner.capture import CODEGENS
+from planner.tracing import CODEGENS
 from planner.errors import ConfigError
 
 __all__ = ["PlannerConfig"]

@@ -93,6 +93,20 @@ class JointGraph:
         return list(needed)
 
     @cached_property
+    def mutated_primals(self) -> frozenset[fx.Node]:
+        """Primals the step mutates; reading them in the backward would see the new value."""
+        from planner._torch_compat import mutated_primals
+
+        found = mutated_primals(self.module)
+        if found is not None:
+            return frozenset(found)
+        # Without descriptors, a primal fed to a functionalised mutating op is taken as mutated.
+        return frozenset(
+            inp for n in self.forward_nodes if str(n.target).split(".")[0].endswith("_functional")
+            for inp in n.all_input_nodes if inp.op == "placeholder"
+        )
+
+    @cached_property
     def fingerprint(self) -> str:
         """A hash of the graph's structure (ops, edges, shapes, dtypes), stable across processes."""
         h = hashlib.sha256()

@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from estimators import get_estimator
 from planner.build import build_problem, estimate_step_seconds
-from planner.capture import make_backend
+from planner.tracing import make_backend
 from planner.config import PlannerConfig
 from planner.decision import Decision
 from planner.emit import emit

@@ -1,0 +1,35 @@
+"""Run one training step of a model and of its planned twin, and compare everything."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+SEED = 1234
+
+
+def step(module, inputs, params_of):
+    """Loss (or output), gradients and buffers after one forward+backward under a fixed seed."""
+    torch.manual_seed(SEED)
+    out = module(*inputs)
+    torch.manual_seed(SEED + 1)
+    tangent = torch.randn_like(out)
+    (out * tangent).sum().backward() if out.dim() else out.backward()
+    model = params_of
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    return out.detach(), grads, buffers
+
+
+def assert_same_step(make_model, run_planned, atol=1e-5):
+    """``run_planned(model, inputs) -> module`` must train exactly like eager ``model``."""
+    model, inputs = make_model()
+    model.train()
+    twin = copy.deepcopy(model)
+    expected = step(model, inputs, model)
+    actual = step(run_planned(twin, inputs), inputs, twin)
+    torch.testing.assert_close(actual[0], expected[0], atol=atol, rtol=0)
+    for kind, got, want in (("gradient", actual[1], expected[1]), ("buffer", actual[2], expected[2])):
+        assert got.keys() == want.keys()
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], atol=atol, rtol=0, msg=f"{kind} {name} differs")
