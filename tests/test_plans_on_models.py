@@ -1,0 +1,65 @@
+"""Solvers on the joint graphs of the test models: budgets respected, ordered, monotone."""
+import pytest
+
+import planner
+from estimators import available_estimators, get_estimator
+from planner.bounds import min_memory_plan, runtime_optimal_plan
+from planner.build import build_problem
+from solvers import available_solvers, get_solver
+from tests.models import MODELS
+
+BUDGETS = [1.0, 0.8, 0.5, 0.2, 0.0]
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def joint(request):
+    model, inputs = MODELS[request.param]()
+    return planner.capture(model, inputs)
+
+
+@pytest.fixture(scope="module")
+def problem(joint):
+    return build_problem(joint, get_estimator("flops"))
+
+
+@pytest.mark.parametrize("solver", available_solvers())
+def test_saved_bytes_never_increase_as_the_budget_decreases(problem, solver):
+    decisions = [get_solver(solver).solve(problem, planner.Budget(fraction=b).resolve(problem)) for b in BUDGETS]
+    memories = [d.memory_bytes for d in decisions]
+    assert memories == sorted(memories, reverse=True)
+    assert all(d.memory_bytes <= d.budget_bytes for d in decisions)
+
+
+def test_ilp_objective_is_at_most_the_heuristics(problem):
+    for b in BUDGETS:
+        budget = planner.Budget(fraction=b).resolve(problem)
+        best = get_solver("ilp").solve(problem, budget)
+        assert best.status == "optimal"
+        for name in ("greedy", "dp"):
+            assert best.recompute_seconds <= get_solver(name).solve(problem, budget).recompute_seconds * (1 + 1e-9)
+
+
+def test_budget_ends_are_the_frugal_and_the_fast_plan(problem):
+    assert planner.Budget(fraction=0.0).resolve(problem) == min_memory_plan(problem).memory_bytes
+    assert planner.Budget(fraction=1.0).resolve(problem) == runtime_optimal_plan(problem).memory_bytes
+    assert runtime_optimal_plan(problem).recompute_seconds == 0.0
+
+
+@pytest.mark.parametrize("name", available_estimators())
+def test_estimators_cost_every_computing_node(name, joint):
+    problem = build_problem(joint, get_estimator(name))
+    computing = problem.runtime > 0
+    assert computing.any() and (problem.runtime >= 0).all()
+    if name == "flops":  # pointwise ops move bytes, so they are not free
+        ops = [i for i, t in enumerate(problem.targets) if problem.saveable[i] and "getitem" not in t]
+        assert (problem.runtime[ops] > 0).all()
+
+
+def test_views_and_getitems_are_free_and_never_saved():
+    model, inputs = MODELS["views_inplace"]()
+    problem = build_problem(planner.capture(model, inputs), get_estimator("constant"))
+    for i, target in enumerate(problem.targets):
+        if target in ("aten.view.default", "aten.t.default", "aten.transpose.int", "<built-in function getitem>"):
+            assert problem.runtime[i] == 0.0
+        if target in ("aten.view.default", "aten.t.default", "aten.transpose.int"):
+            assert not problem.saveable[i] and problem.nbytes[i] == 0
