@@ -1,0 +1,53 @@
+"""PlannerConfig: every field validated, files read from TOML or YAML."""
+import pytest
+
+from planner import PlannerConfig
+from planner.errors import ConfigError
+
+
+def test_defaults_are_valid():
+    config = PlannerConfig()
+    assert config.budget.fraction == 1.0 and config.solver == "ilp"
+
+
+def test_toml_file(tmp_path):
+    path = tmp_path / "plan.toml"
+    path.write_text('[planner]\nmemory_budget = "2GiB"\nsolver = "dp"\ntime_limit = 5\n[planner.solver_options]\nresolution = 128\n')
+    config = PlannerConfig.from_file(path)
+    assert config.budget.nbytes == 2 * 2**30 and config.solver == "dp"
+    assert config.solver_options == {"resolution": 128} and config.time_limit == 5
+
+
+def test_yaml_file(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("memory_budget: 0.3\nestimator: constant\ncodegen: eager\n")
+    config = PlannerConfig.from_file(path)
+    assert config.budget.fraction == 0.3 and config.estimator == "constant" and config.codegen == "eager"
+
+
+@pytest.mark.parametrize(
+    "name,text,message",
+    [
+        ("bad.toml", "memory_budget = [", "is not valid TOML"),
+        ("bad.yaml", "memory_budget: [0.5", "is not valid YAML"),
+        ("unknown.toml", "memory_budjet = 0.5", "unknown field.*memory_budjet.*allowed fields: memory_budget"),
+        ("solver.toml", 'solver = "magic"', "solver='magic' is not allowed; choose one of: dp, greedy, ilp"),
+        ("estimator.toml", 'estimator = "magic"', "estimator='magic' is not allowed; choose one of: constant, flops"),
+        ("codegen.toml", 'codegen = "tvm"', "codegen='tvm' is not allowed; choose one of: eager, inductor"),
+        ("limit.toml", "time_limit = -1", "time_limit=-1 is invalid"),
+        ("budget.toml", "memory_budget = 3.5", "memory_budget=3.5 is out of range"),
+        ("options.toml", 'solver_options = "fast"', "solver_options must be a table"),
+        ("list.yaml", "- 1\n- 2", "expected a table of planner settings"),
+        ("plan.json", "{}", "must end in .toml, .yaml or .yml"),
+    ],
+)
+def test_bad_files_name_the_problem(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        PlannerConfig.from_file(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        PlannerConfig.from_file(tmp_path / "absent.toml")

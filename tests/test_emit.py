@@ -1,0 +1,64 @@
+"""The emitted modules: what the forward hands over, and where the backward recomputes."""
+import pytest
+import torch
+
+import planner
+from estimators import get_estimator
+from planner import _torch_compat
+from planner.build import build_problem
+from planner.emit import emit
+from planner.problem import evaluate
+from solvers import get_solver
+from tests.models import MODELS
+
+
+def emitted(model_name, fraction):
+    model, inputs = MODELS[model_name]()
+    joint = planner.capture(model, inputs)
+    problem = build_problem(joint, get_estimator("flops"))
+    decision = get_solver("ilp").solve(problem, planner.Budget(fraction=fraction).resolve(problem))
+    outputs = joint.num_fwd_outputs
+    fw, bw = emit(joint, problem, decision.saved)
+    return problem, decision, outputs, fw, bw
+
+
+def calls(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_forward_returns_exactly_the_saved_values(fraction):
+    problem, decision, num_outputs, fw, bw = emitted("gpt", fraction)
+    returned = next(iter(fw.graph.find_nodes(op="output"))).args[0][num_outputs:]
+    primals = {n for n in returned if n.op == "placeholder"}
+    rng_states = {n for n in returned if n.meta["val"].dtype == torch.uint8}
+    activations = {n.name for n in returned} - {n.name for n in primals | rng_states}
+    assert activations == set(decision.saved)
+    recomputed = evaluate(problem, problem.mask(problem.index(decision.saved))).recomputed
+    assert len(rng_states) == int((recomputed & problem.random).sum())
+    assert [n.name for n in bw.graph.find_nodes(op="placeholder")][: len(returned)] == [n.name for n in returned]
+
+
+def test_recomputed_dropout_replays_its_rng_state():
+    problem, decision, _, fw, bw = emitted("gpt", 0.0)
+    assert sum(n.target is _torch_compat.run_and_save_rng_state() for n in calls(fw)) == int(problem.random.sum())
+    assert sum(n.target is _torch_compat.run_with_rng_state() for n in calls(bw)) == int(problem.random.sum())
+
+
+def test_nothing_is_recomputed_at_budget_one():
+    problem, decision, _, fw, bw = emitted("gpt", 1.0)
+    assert not any(n.meta.get("recomputed") and problem.runtime[problem.index([n.name])[0]] > 0
+                   for n in calls(bw) if n.name in problem.names)
+    assert not any(n.target is _torch_compat.run_with_rng_state() for n in calls(bw))
+
+
+def test_recomputation_happens_just_before_its_first_use():
+    problem, decision, _, fw, bw = emitted("gpt", 0.0)
+    nodes = list(bw.graph.nodes)
+    recomputed = [n for n in nodes if n.meta.get("recomputed")]
+    assert len(recomputed) == int(evaluate(problem, problem.mask(problem.index(decision.saved))).recomputed.sum())
+    for node in recomputed:
+        first_use = min(nodes.index(u) for u in node.users)
+        between = nodes[nodes.index(node) + 1 : first_use]
+        # Only other recomputations (feeding the same use) may sit between a value and its first use.
+        assert all(n.meta.get("recomputed") for n in between), f"{node.name} recomputed too early"

@@ -1,0 +1,85 @@
+"""Bad input gets an error that names the problem and the fix."""
+import pytest
+import torch
+import torch.nn as nn
+
+import planner
+from estimators import get_estimator
+from planner.errors import CaptureError, ConfigError, InfeasibleBudget, UnknownNameError
+from tests.models import MODELS
+
+
+def test_unknown_estimator_lists_the_available_ones():
+    with pytest.raises(UnknownNameError, match="unknown estimator 'guess'; available estimators: constant, flops"):
+        get_estimator("guess")
+
+
+@pytest.mark.parametrize("budget", [1.5, -0.1, -3, True, [0.5], "lots"])
+def test_budget_out_of_range(budget):
+    with pytest.raises(ConfigError, match="memory_budget"):
+        planner.PlannerConfig(memory_budget=budget)
+
+
+@pytest.mark.parametrize("text,expected", [("1.5GiB", int(1.5 * 2**30)), ("800 MB", 800 * 10**6), ("4096", 4096), ("0.25", None)])
+def test_budget_sizes_parse(text, expected):
+    budget = planner.Budget.parse(text)
+    assert budget.nbytes == expected
+    assert expected is not None or budget.fraction == 0.25
+
+
+def test_plan_with_unknown_solver_names_the_choices():
+    model, inputs = MODELS["mlp"]()
+    with pytest.raises(ConfigError, match="solver='simplex' is not allowed; choose one of: dp, greedy, ilp"):
+        planner.plan(model, inputs, solver="simplex")
+
+
+def test_budget_below_the_smallest_feasible_names_it():
+    model, inputs = MODELS["cnn"]()  # BatchNorm outputs must be saved: the minimum is above zero
+    with pytest.raises(InfeasibleBudget, match="below the smallest feasible budget") as err:
+        planner.plan(model, inputs, memory_budget=16, config=planner.PlannerConfig(codegen="eager"))
+    assert err.value.min_feasible_bytes > 16
+    assert f"at least {err.value.min_feasible_bytes} bytes" in str(err.value)
+
+
+class GraphBreak(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        torch._dynamo.graph_break()
+        return y.sum()
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.sum() > 0:
+            return y.relu().sum()
+        return y.sum()
+
+
+def test_graph_break_is_a_capture_error():
+    with pytest.raises(CaptureError, match="graph break"):
+        planner.capture(GraphBreak(), (torch.randn(2, 4),))
+
+
+def test_data_dependent_control_flow_is_a_capture_error():
+    with pytest.raises(CaptureError, match="data-dependent control flow.*torch.where or torch.cond"):
+        planner.capture(DataDependent(), (torch.randn(2, 4),))
+
+
+def test_model_without_gradients_is_a_capture_error():
+    model = nn.Linear(4, 4).requires_grad_(False)
+    with pytest.raises(CaptureError, match="nothing in this model or its inputs requires a gradient"):
+        planner.capture(model, torch.randn(2, 4))
+
+
+def test_example_inputs_of_the_wrong_type():
+    with pytest.raises(CaptureError, match="example_inputs must be a tensor or a tuple"):
+        planner.capture(nn.Linear(4, 4), {"x": torch.randn(2, 4)})

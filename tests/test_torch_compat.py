@@ -1,0 +1,36 @@
+"""Each private torch entry point the planner wraps still works on the installed torch."""
+import torch
+
+import planner
+from planner import _torch_compat
+from tests.models import MODELS
+
+
+def test_rng_state_ops_replay_a_random_op():
+    x = torch.ones(1000)
+    state, first = _torch_compat.run_and_save_rng_state()(torch.ops.aten.native_dropout.default, x, 0.5, True)
+    torch.rand(10)  # move the generator on
+    again = _torch_compat.run_with_rng_state()(state, torch.ops.aten.native_dropout.default, x, 0.5, True)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+def test_mutated_primals_finds_batchnorm_statistics():
+    model, inputs = MODELS["cnn"]()
+    joint = planner.capture(model, inputs)
+    mutated = joint.mutated_primals
+    shapes = sorted(tuple(n.meta["val"].shape) for n in mutated)
+    # running_mean, running_var and num_batches_tracked of both BatchNorm layers
+    assert shapes == [(), (), (8,), (8,), (8,), (8,)]
+
+
+def test_inductor_has_the_custom_partitioner_hook():
+    assert _torch_compat.has_custom_partitioner_hook()
+
+
+def test_pytorch_knapsack_solvers_answer():
+    solvers = _torch_compat.pytorch_knapsack_solvers()
+    memory, runtimes = [0.5, 0.3, 0.4], [3.0, 1.0, 2.0]
+    for name, solve in solvers.items():
+        value, saved, recomputed = solve(memory, runtimes, 0.8)
+        assert sorted(saved + recomputed) == [0, 1, 2], name
+        assert sum(memory[i] for i in saved) <= 0.8 + 1e-9, name
