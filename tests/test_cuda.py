@@ -1,0 +1,24 @@
+"""On a GPU: planned steps under inductor equal eager, dropout recomputed on the CUDA generator."""
+import pytest
+import torch
+
+import planner
+from planner.models import GPTConfig, gpt_example
+from tests.training import assert_same_step
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.5])
+def test_gpt_on_cuda_with_inductor_trains_like_eager(budget):
+    def make():
+        model, batch = gpt_example(GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab=128), device="cuda")
+        return model, batch
+
+    with torch._inductor.config.patch(fallback_random=True):
+        be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=budget, solver="ilp")
+        assert_same_step(make, lambda twin, inputs: torch.compile(twin, backend=be), atol=1e-5)
+    problem = be.graphs[0].problem
+    assert problem.rng_state_bytes == 16
+    if budget == 0.0:
+        assert be.graphs[0].decision.recompute_seconds > 0
