@@ -9,27 +9,11 @@ from __future__ import annotations
 from estimators.base import Estimator
 from estimators.constant import ConstantEstimator
 from estimators.flops import FlopsEstimator
-from planner.errors import UnknownNameError
+from planner.registry import Registry
 
-__all__ = ["Estimator", "get_estimator", "available_estimators"]
+__all__ = ["Estimator", "get_estimator", "available_estimators", "register_estimator"]
 
-_REGISTRY: dict[str, type[Estimator]] = {cls.name: cls for cls in (ConstantEstimator, FlopsEstimator)}
-
-
-def available_estimators() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def get_estimator(name: str, **options) -> Estimator:
-    """A new estimator by name.
-
-    Raises
-    ------
-    UnknownNameError
-        If no estimator has that name; the message lists the available ones.
-    """
-    try:
-        cls = _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise UnknownNameError("estimator", str(name), available_estimators()) from None
-    return cls(**options)
+REGISTRY: Registry[Estimator] = Registry("estimator", (ConstantEstimator, FlopsEstimator))
+available_estimators = REGISTRY.names
+get_estimator = REGISTRY.create
+register_estimator = REGISTRY.register
