@@ -1,121 +1,143 @@
-"""Exact integer program on the graph: save or recompute each node, minimise recompute time.
+"""Exact integer program on the graph, solved by HiGHS (default) or CBC.
 
 Unlike a knapsack, the model knows that recomputing a node needs its inputs, saved or
-recomputed themselves, so chains of recomputation are priced exactly.
+recomputed themselves, so chains of recomputation are priced exactly (see
+:mod:`solvers.graph_model`).
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
-import pulp
+import scipy.sparse as sp
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from planner.decision import Status
-from planner.errors import SolverError
+from planner.errors import ConfigError, SolverError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver
+from solvers.graph_model import GraphModel, build_graph_model
 
-__all__ = ["ILPSolver"]
+__all__ = ["ILPSolver", "BACKENDS", "lp_bound"]
+
+
+@dataclass
+class Answer:
+    """A back end's answer: the solution vector (None if none found) and its proof status."""
+
+    x: np.ndarray | None
+    optimal: bool
+    gap: float | None
 
 
 class ILPSolver(Solver):
-    """Mixed-integer program solved by CBC (bundled with PuLP), in two phases.
+    """Mixed-integer program in two phases.
 
-    Phase 1 minimises the recompute seconds under the budget; phase 2 keeps that optimum and
-    minimises memory, so that plans never use more memory than they need (and memory falls with
-    the budget). Runtimes are scaled to microseconds for the solver's tolerances.
+    Minimises the recompute seconds under the budget, with memory as a tie-break (see
+    :func:`tie_broken_objective`), so plans hold no more memory than they need and memory falls
+    with the budget. Status ``optimal`` means proven optimal (zero gap) for that objective. Objectives are scaled to [0, number of nodes] for the solvers' tolerances.
 
-    Complexity: NP-hard in general; graphs of a few thousand nodes solve in seconds.
+    Parameters
+    ----------
+    time_limit : seconds; at the limit the best plan found is
+        returned with status ``feasible`` and its relative gap to the best bound.
+    backend : ``"highs"`` (scipy.optimize.milp) or ``"cbc"`` (PuLP's bundled CBC).
+
+    Complexity: NP-hard in general; the LP relaxation of this model is tight on most graphs.
     """
 
     name = "ilp"
 
+    def __init__(self, time_limit: float = 60.0, backend: str = "highs") -> None:
+        super().__init__(time_limit)
+        if backend not in BACKENDS:
+            raise ConfigError(f"ilp backend={backend!r} is not allowed; choose one of: {', '.join(BACKENDS)}")
+        self.backend = backend
+
     def _solve(self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation) -> Solution:
-        deadline = time.monotonic() + self.time_limit
-        model, saved, recomputed, runtime, memory = build_model(problem, budget_bytes)
-        model.setObjective(runtime)
-        _run(model, deadline)
-        mask = _mask(problem, model, saved)
-        if mask is None:
+        model = build_graph_model(problem, budget_bytes)
+        answer = BACKENDS[self.backend](model, tie_broken_objective(model), time.monotonic() + self.time_limit)
+        if answer.x is None:
             raise SolverError(
-                f"ilp: CBC found no feasible plan within its time limit of {self.time_limit:g} s "
-                f"(status {pulp.LpStatus[model.status]}); raise time_limit"
+                f"ilp ({self.backend}) found no feasible plan within its time limit of {self.time_limit:g} s; "
+                f"raise time_limit"
             )
-        optimal = model.sol_status == pulp.LpSolutionOptimal
-        gap = 0.0 if optimal else _gap(model)
-        if optimal:
-            best = pulp.value(runtime) or 0.0
-            model += runtime <= best + 1e-6 * max(1.0, abs(best)), "keep_optimal_runtime"
-            model.setObjective(memory)
-            _run(model, deadline)
-            mask = _mask(problem, model, saved) if model.sol_status in _HAS_SOLUTION else mask
-        return Solution(mask, Status.OPTIMAL if optimal else Status.FEASIBLE, gap, {"variables": len(model.variables())})
+        stats = {"backend": self.backend, "variables": model.num_vars, "constraints": model.rows.shape[0]}
+        status = Status.OPTIMAL if answer.optimal else Status.FEASIBLE
+        return Solution(model.saved_mask(answer.x), status, 0.0 if answer.optimal else answer.gap, stats)
 
 
-_HAS_SOLUTION = (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+MEMORY_TIE_BREAK = 1e-4
 
 
-def build_model(problem: Problem, budget_bytes: int):
-    """The integer program; returns (model, saved vars, recomputed vars, runtime expr, memory expr)."""
-    model = pulp.LpProblem("activation_checkpointing", pulp.LpMinimize)
-    relevant = _ancestors_of_needed(problem)
-    saved = {i: pulp.LpVariable(f"saved_{i}", cat="Binary") for i in relevant if problem.saveable[i]}
-    recomputed = {i: pulp.LpVariable(f"recomputed_{i}", cat="Binary") for i in relevant if problem.recomputable[i]}
+def tie_broken_objective(model: GraphModel) -> np.ndarray:
+    """Runtime scaled so the costliest node weighs 1, plus memory weighing 1e-4 in all.
 
-    def available(i: int):
-        return pulp.lpSum(v[i] for v in (saved, recomputed) if i in v)
+    Among plans of equal runtime the least memory wins (so memory falls with the budget); the
+    runtime given up for it is at most 1e-4 of the costliest node's runtime.
+    """
+    total = float(model.memory.sum())
+    return _scaled(model.runtime) + (MEMORY_TIE_BREAK * model.memory / total if total > 0 else 0.0)
 
-    for i in relevant:
-        if problem.needed[i]:
-            # Every value the backward reads is saved or recomputed.
-            model += available(i) >= 1, f"needed_{i}"
-        if i in recomputed:
-            for j in problem.inputs[i]:
-                # Recomputing a node needs each of its inputs, saved or recomputed.
-                model += recomputed[i] <= available(int(j)), f"input_{j}_of_{i}"
-    memory = pulp.lpSum(int(problem.nbytes[i]) * v for i, v in saved.items()) + pulp.lpSum(
-        problem.rng_state_bytes * v for i, v in recomputed.items() if problem.random[i]
+
+def _scaled(vector: np.ndarray) -> np.ndarray:
+    top = float(np.max(vector, initial=0.0))
+    return vector / top if top > 0 else vector
+
+
+def solve_highs(model: GraphModel, objective: np.ndarray, deadline: float) -> Answer:
+    """HiGHS branch-and-cut through ``scipy.optimize.milp``, to zero relative gap."""
+    result = milp(
+        objective,
+        integrality=np.ones(model.num_vars),
+        bounds=Bounds(0, 1),
+        constraints=LinearConstraint(model.rows, model.lower, model.upper),
+        options={"time_limit": max(0.1, deadline - time.monotonic()), "mip_rel_gap": 0.0, "disp": False},
     )
-    # The saved bytes, plus one RNG state per recomputed random op, fit the budget.
-    model += memory <= budget_bytes, "budget"
-    runtime = pulp.lpSum(float(problem.runtime[i]) * 1e6 * v for i, v in recomputed.items() if problem.runtime[i] > 0)
-    return model, saved, recomputed, runtime, memory
+    if result.x is None:
+        return Answer(None, False, None)
+    return Answer(np.round(result.x), result.status == 0, getattr(result, "mip_gap", None))
 
 
-def _ancestors_of_needed(problem: Problem) -> list[int]:
-    seen = np.zeros(len(problem), dtype=bool)
-    stack = list(np.flatnonzero(problem.needed))
-    while stack:
-        i = stack.pop()
-        if not seen[i]:
-            seen[i] = True
-            stack.extend(problem.inputs[i])
-    return [int(i) for i in np.flatnonzero(seen)]
+def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answer:
+    """CBC (bundled with PuLP), to zero relative gap; the gap at a time limit is to the LP bound."""
+    import pulp
+
+    rows, lower, upper = model.rows, model.lower, model.upper
+    lp = pulp.LpProblem("activation_checkpointing", pulp.LpMinimize)
+    x = [pulp.LpVariable(f"x{k}", cat="Binary") for k in range(model.num_vars)]
+    lp += pulp.lpSum(float(c) * x[k] for k, c in enumerate(objective) if c)
+    for r in range(rows.shape[0]):
+        lo, hi = rows.indptr[r], rows.indptr[r + 1]
+        expr = pulp.lpSum(float(c) * x[k] for k, c in zip(rows.indices[lo:hi], rows.data[lo:hi]))
+        if np.isfinite(lower[r]):
+            lp += expr >= float(lower[r])
+        if np.isfinite(upper[r]):
+            lp += expr <= float(upper[r])
+    limit = max(1, int(deadline - time.monotonic()))
+    lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=1, gapRel=0.0))
+    if lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return Answer(None, False, None)
+    values = np.round(np.array([v.varValue or 0.0 for v in x]))
+    optimal = lp.sol_status == pulp.LpSolutionOptimal
+    return Answer(values, optimal, None if optimal else _relative_gap(float(objective @ values), lp_bound(model, objective)))
 
 
-def _run(model: pulp.LpProblem, deadline: float) -> None:
-    remaining = max(1, int(deadline - time.monotonic()))
-    model.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=remaining, threads=1))
+def lp_bound(model: GraphModel, objective: np.ndarray) -> float | None:
+    """Optimum of the LP relaxation: no 0/1 plan does better."""
+    rows = model.rows
+    finite_lo, finite_hi = np.isfinite(model.lower), np.isfinite(model.upper)
+    a_ub = sp.vstack([-rows[finite_lo], rows[finite_hi]], format="csr")
+    b_ub = np.concatenate([-model.lower[finite_lo], model.upper[finite_hi]])
+    result = linprog(objective, A_ub=a_ub, b_ub=b_ub, bounds=(0, 1), method="highs")
+    return float(result.fun) if result.status == 0 else None
 
 
-def _mask(problem: Problem, model: pulp.LpProblem, saved: dict) -> np.ndarray | None:
-    if model.sol_status not in _HAS_SOLUTION:
-        return None
-    mask = np.zeros(len(problem), dtype=bool)
-    for i, var in saved.items():
-        if var.varValue is None:
-            return None
-        mask[i] = var.varValue > 0.5
-    return mask
-
-
-def _gap(model: pulp.LpProblem) -> float | None:
-    """Relative gap to the LP relaxation's bound, for a plan stopped at the time limit."""
-    relaxed = model.deepcopy()
-    for var in relaxed.variables():
-        var.cat = pulp.LpContinuous
-    relaxed.solve(pulp.PULP_CBC_CMD(msg=False))
-    bound, found = pulp.value(relaxed.objective), pulp.value(model.objective)
-    if bound is None or found is None or found <= 0:
+def _relative_gap(found: float, bound: float | None) -> float | None:
+    if bound is None or found <= 0:
         return None
     return max(0.0, (found - bound) / found)
+
+
+BACKENDS = {"highs": solve_highs, "cbc": solve_cbc}
