@@ -5,7 +5,7 @@ so they can be swapped by name::
 
     >>> from solvers import get_solver, available_solvers
     >>> available_solvers()
-    ['dp', 'greedy', 'ilp']
+    ['cpsat', 'dp', 'greedy', 'ilp']
     >>> get_solver("greedy").name
     'greedy'
 """
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from planner.registry import Registry
 from solvers.base import Solution, Solver
+from solvers.cpsat import CPSATSolver
 from solvers.greedy import GreedySolver
 from solvers.ilp import ILPSolver
 from solvers.knapsack_dp import DPSolver
 
 __all__ = ["Solver", "Solution", "get_solver", "available_solvers", "register_solver"]
 
-REGISTRY: Registry[Solver] = Registry("solver", (GreedySolver, DPSolver, ILPSolver))
+REGISTRY: Registry[Solver] = Registry("solver", (GreedySolver, DPSolver, ILPSolver, CPSATSolver))
 available_solvers = REGISTRY.names
 get_solver = REGISTRY.create
 register_solver = REGISTRY.register

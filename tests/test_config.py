@@ -1,6 +1,8 @@
 """PlannerConfig: every field validated, files read from TOML or YAML."""
 import pytest
 
+from solvers import available_solvers
+
 from planner import PlannerConfig
 from planner.errors import ConfigError
 
@@ -31,7 +33,7 @@ def test_yaml_file(tmp_path):
         ("bad.toml", "memory_budget = [", "is not valid TOML"),
         ("bad.yaml", "memory_budget: [0.5", "is not valid YAML"),
         ("unknown.toml", "memory_budjet = 0.5", "unknown field.*memory_budjet.*allowed fields: memory_budget"),
-        ("solver.toml", 'solver = "magic"', "solver='magic' is not allowed; choose one of: dp, greedy, ilp"),
+        ("solver.toml", 'solver = "magic"', "solver='magic' is not allowed; choose one of: " + ", ".join(available_solvers())),
         ("estimator.toml", 'estimator = "magic"', "estimator='magic' is not allowed; choose one of: constant, flops"),
         ("codegen.toml", 'codegen = "tvm"', "codegen='tvm' is not allowed; choose one of: eager, inductor"),
         ("limit.toml", "time_limit = -1", "time_limit=-1 is invalid"),

@@ -34,7 +34,7 @@ def test_decision_is_feasible_and_its_figures_are_recomputable(name, problem, fr
     assert decision.status in (Status.OPTIMAL, Status.FEASIBLE, Status.HEURISTIC)
 
 
-EXACT = [("ilp", {"backend": "highs"}), ("ilp", {"backend": "cbc"})]
+EXACT = [("ilp", {"backend": "highs"}), ("ilp", {"backend": "cbc"}), ("cpsat", {"workers": 2})]
 
 
 @settings(max_examples=50, deadline=None)
@@ -56,6 +56,7 @@ def test_ilp_is_never_worse_than_the_heuristics(problem, fraction):
     best = get_solver("ilp").solve(problem, budget).recompute_seconds
     for name in ("greedy", "dp"):
         assert best <= get_solver(name).solve(problem, budget).recompute_seconds + 1e-9
+    assert get_solver("cpsat").solve(problem, budget).recompute_seconds == pytest.approx(best, abs=2e-4 * problem.runtime.max())
 
 
 @settings(max_examples=60, deadline=None)
@@ -116,7 +117,7 @@ def test_dp_with_unit_quantum_solves_its_knapsack_exactly(problem, fraction):
 
 
 def test_unknown_solver_lists_the_available_ones():
-    with pytest.raises(UnknownNameError, match="unknown solver 'magic'; available solvers: dp, greedy, ilp"):
+    with pytest.raises(UnknownNameError, match="unknown solver 'magic'; available solvers: " + ", ".join(SOLVERS)):
         get_solver("magic")
 
 
