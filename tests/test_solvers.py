@@ -34,7 +34,7 @@ def test_decision_is_feasible_and_its_figures_are_recomputable(name, problem, fr
     assert decision.status in (Status.OPTIMAL, Status.FEASIBLE, Status.HEURISTIC)
 
 
-EXACT = [("ilp", {"backend": "highs"}), ("ilp", {"backend": "cbc"}), ("cpsat", {"workers": 2})]
+EXACT = [("ilp", {"backend": "highs"}), ("ilp", {"backend": "cbc"}), ("cpsat", {})]
 
 
 @settings(max_examples=50, deadline=None)
