@@ -8,7 +8,7 @@ import numpy as np
 
 from planner.problem import Evaluation, Problem, evaluate
 
-__all__ = ["min_memory_plan", "runtime_optimal_plan"]
+__all__ = ["min_memory_plan", "runtime_optimal_plan", "cut_graph", "cut_plan"]
 
 _SOURCE, _SINK = "source", "sink"
 
@@ -29,6 +29,16 @@ def min_memory_plan(problem: Problem) -> Evaluation:
 
 @lru_cache(maxsize=16)
 def _min_memory_plan(problem: Problem) -> Evaluation:
+    graph = cut_graph(problem)
+    return evaluate(problem, cut_plan(graph, len(problem)))
+
+
+def cut_graph(problem: Problem, price: np.ndarray | None = None) -> nx.DiGraph:
+    """The split-node flow graph whose minimum cut is the least ``bytes + price`` plan.
+
+    ``price[i]`` (optional, in byte units) is charged when node i is recomputed; with no price
+    the cut is the most memory-frugal plan.
+    """
     g = nx.DiGraph()
     g.add_nodes_from([_SOURCE, _SINK])
     for i in range(len(problem)):
@@ -36,21 +46,23 @@ def _min_memory_plan(problem: Problem) -> Evaluation:
             g.add_edge(("in", i), ("out", i), capacity=int(problem.nbytes[i]))
         else:
             g.add_edge(("in", i), ("out", i))  # no capacity attribute: infinite
-        if not problem.recomputable[i]:
-            g.add_edge(_SOURCE, ("in", i))
-        else:
-            for j in problem.inputs[i]:
-                g.add_edge(("out", int(j)), ("in", i))
-            if problem.random[i]:
-                g.add_edge(_SOURCE, ("in", i), capacity=problem.rng_state_bytes)
         if problem.needed[i]:
             g.add_edge(("out", i), _SINK)
-    _, (source_side, _) = nx.minimum_cut(g, _SOURCE, _SINK)
-    saved = np.array(
-        [("in", i) in source_side and ("out", i) not in source_side for i in range(len(problem))],
-        dtype=bool,
-    )
-    return evaluate(problem, saved)
+        if not problem.recomputable[i]:
+            g.add_edge(_SOURCE, ("in", i))
+            continue
+        for j in problem.inputs[i]:
+            g.add_edge(("out", int(j)), ("in", i))
+        cost = (problem.rng_state_bytes if problem.random[i] else 0) + (int(price[i]) if price is not None else 0)
+        if cost:
+            g.add_edge(_SOURCE, ("in", i), capacity=cost)
+    return g
+
+
+def cut_plan(graph: nx.DiGraph, n: int) -> np.ndarray:
+    """Saved mask of a minimum cut: nodes whose ``in`` half is on the source side, ``out`` not."""
+    _, (source_side, _) = nx.minimum_cut(graph, _SOURCE, _SINK)
+    return np.array([("in", i) in source_side and ("out", i) not in source_side for i in range(n)], dtype=bool)
 
 
 def runtime_optimal_plan(problem: Problem) -> Evaluation:

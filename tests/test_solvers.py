@@ -54,7 +54,7 @@ def test_exact_solvers_equal_brute_force(name, options, problem, fraction):
 def test_ilp_is_never_worse_than_the_heuristics(problem, fraction):
     budget = budget_in_range(problem, fraction)
     best = get_solver("ilp").solve(problem, budget).recompute_seconds
-    for name in ("greedy", "dp"):
+    for name in ("greedy", "dp", "mincut"):
         assert best <= get_solver(name).solve(problem, budget).recompute_seconds + 1e-9
     assert get_solver("cpsat").solve(problem, budget).recompute_seconds == pytest.approx(best, abs=2e-4 * problem.runtime.max())
 
@@ -127,3 +127,14 @@ def test_decision_round_trips_through_json():
     import json
 
     assert Decision.from_dict(json.loads(decision.to_json())) == decision
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems, st.floats(0, 1))
+def test_mincut_gap_is_a_proven_bound(problem, fraction):
+    budget = budget_in_range(problem, fraction)
+    decision = get_solver("mincut").solve(problem, budget)
+    optimum = brute_force(problem, budget).recompute_seconds
+    assert decision.gap is not None
+    # The bound the cuts prove never exceeds the true optimum.
+    assert decision.recompute_seconds * (1 - decision.gap) <= optimum + 1e-9
