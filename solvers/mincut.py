@@ -1,13 +1,13 @@
 """Minimum cuts of the split-node graph, priced by memory plus lambda times recompute time.
 
 One cut gives the plan minimising ``bytes saved + lambda * seconds recomputed`` exactly
-(networkx max-flow, as PyTorch's default partitioner uses). Searching lambda finds the
-cheapest plan that fits the budget among those Pareto points, and every cut proves a bound:
+(networkx max-flow, as PyTorch's default partitioner uses). Searching lambda (Eisner-Severance
+on the hull) finds the cheapest of those Pareto points that fits the budget, and every cut
+proves a bound:
 ``seconds >= (cut value - budget) / lambda`` for any plan within the budget.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -22,7 +22,7 @@ __all__ = ["MinCutSolver"]
 
 
 class MinCutSolver(Solver):
-    """Lagrangian min-cut: bisection on lambda, a few max-flows.
+    """Lagrangian min-cut: a few max-flows, each at the lambda where the current ends tie.
 
     At budget 1.0 it returns the runtime-optimal partition (one cut); below, the plan found is on
     the lower convex hull of the memory/runtime trade-off, and ``gap`` is proven by the cuts.
@@ -31,7 +31,7 @@ class MinCutSolver(Solver):
     Parameters
     ----------
     time_limit : seconds for the search.
-    iterations : largest number of cuts (bisection steps on log lambda).
+    iterations : largest number of cuts.
 
     Complexity: ``iterations`` max-flows on 2n nodes.
     """
@@ -46,26 +46,26 @@ class MinCutSolver(Solver):
 
     def _solve(self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation) -> Solution:
         deadline = time.monotonic() + self.time_limit
-        best, bound, cuts = frugal, 0.0, 0
-        positive = problem.runtime[problem.runtime > 0]
-        rounding = 0.5 * len(positive)  # prices are rounded to whole bytes: at most this much in all
-        # Below lo the frugal plan is optimal for the priced cut; above hi nothing is worth recomputing.
-        lo = 1.0 / max(float(problem.runtime.sum()), 1e-30)
-        hi = 2.0 * float(fast.memory_bytes) / max(float(positive.min(initial=1.0)), 1e-30)
-        while cuts < self.iterations and time.monotonic() < deadline:
-            lam = math.sqrt(lo * hi)
+        rounding = 0.5 * int((problem.runtime > 0).sum())  # prices are rounded to whole bytes
+        # The frugal plan fits, the fast one does not; each cut at the lambda where the two tie
+        # either finds a plan below the segment joining them (which replaces one end) or proves
+        # the segment is an edge of the lower convex hull, whose fitting end is the answer.
+        fits, over, bound, cuts = frugal, fast, 0.0, 0
+        while cuts < self.iterations and time.monotonic() < deadline and fits.recompute_seconds > over.recompute_seconds:
+            lam = (over.memory_bytes - fits.memory_bytes) / (fits.recompute_seconds - over.recompute_seconds)
             plan, value = self._cut(problem, lam)
             cuts += 1
             bound = max(bound, (value - budget_bytes - rounding) / lam)
+            if value >= fits.memory_bytes + lam * fits.recompute_seconds - rounding - 1:
+                break  # nothing below the segment: it is a hull edge
             if plan.memory_bytes <= budget_bytes:
-                best = plan if plan.recompute_seconds < best.recompute_seconds else best
-                lo = lam
+                fits = plan
             else:
-                hi = lam
-        found = best.recompute_seconds
+                over = plan
+        found = fits.recompute_seconds
         gap = 0.0 if found <= bound * (1 + 1e-9) else (found - bound) / found
         status = Status.OPTIMAL if gap == 0.0 else Status.HEURISTIC
-        return Solution(best.saved, status, gap, {"cuts": cuts, "lower_bound_seconds": bound})
+        return Solution(fits.saved, status, gap, {"cuts": cuts, "lower_bound_seconds": bound})
 
     @staticmethod
     def _cut(problem: Problem, lam: float) -> tuple[Evaluation, float]:
