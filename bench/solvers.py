@@ -1,0 +1,126 @@
+"""Solver benchmark: plan time, objective and gap to the best, on the built-in GPT.
+
+For each model size and budget, every registered solver, plus PyTorch's own knapsack solvers
+(``torch._functorch._activation_checkpointing.knapsack``) run on the same candidate items as
+the ``greedy``/``dp`` solvers. Every objective is measured on the graph by
+``planner.problem.evaluate``; the gap is to the best plan any method found at that budget.
+
+    python -m bench.solvers [--layers 4 12 48] [--budgets 0.1 0.3 0.5 0.8] [--time-limit 30]
+
+Prints a markdown table and writes ``bench/results/solvers.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from estimators import get_estimator
+from planner import _torch_compat
+from planner.bounds import min_memory_plan
+from planner.budget import Budget
+from planner.build import build_problem
+from planner.errors import SolverError
+from planner.models import GPTConfig, gpt_example
+from planner.problem import Problem, evaluate
+from planner.tracing import capture
+from solvers import available_solvers, get_solver
+from solvers.knapsack_items import knapsack_items
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def our_solvers(time_limit: float) -> dict:
+    methods = {name: (lambda name=name: get_solver(name, time_limit=time_limit)) for name in available_solvers()}
+    methods["ilp-cbc"] = lambda: get_solver("ilp", time_limit=time_limit, backend="cbc")
+    return methods
+
+
+def run_ours(problem: Problem, budget: int, make) -> dict:
+    try:
+        d = make().solve(problem, budget)
+    except SolverError as err:
+        return {"error": str(err)}
+    return {"seconds": d.solve_seconds, "objective": d.recompute_seconds, "memory": d.memory_bytes,
+            "status": d.status, "proven_gap": d.gap}
+
+
+def run_pytorch(problem: Problem, budget: int, solve) -> dict:
+    """PyTorch's knapsack on our candidate items (memory as fractions of their total, as PyTorch does)."""
+    start = time.perf_counter()
+    frugal = min_memory_plan(problem)
+    items = knapsack_items(problem, frugal)
+    total = float(items.weight.sum()) or 1.0
+    capacity = (budget - frugal.memory_bytes) / total
+    _, saved, _ = solve((items.weight / total).tolist(), items.value.tolist(), capacity)
+    mask = frugal.saved.copy()
+    mask[items.index[np.asarray(saved, dtype=np.int64)]] = True
+    result = evaluate(problem, mask)
+    return {"seconds": time.perf_counter() - start, "objective": result.recompute_seconds,
+            "memory": result.memory_bytes, "status": "heuristic", "proven_gap": None,
+            "over_budget": result.memory_bytes > budget}
+
+
+def bench(layers: list[int], budgets: list[float], time_limit: float, methods: list[str] | None) -> list[dict]:
+    ours, theirs = our_solvers(time_limit), _torch_compat.pytorch_knapsack_solvers()
+    rows = []
+    for n_layer in layers:
+        model, batch = gpt_example(GPTConfig(n_layer=n_layer))
+        joint = capture(model, batch)
+        problem = build_problem(joint, get_estimator("flops"))
+        min_memory_plan(problem)  # shared by every solver: not part of any one's time
+        for fraction in budgets:
+            budget = Budget(fraction=fraction).resolve(problem)
+            results = {}
+            for name, make in ours.items():
+                if methods is None or name in methods:
+                    results[name] = run_ours(problem, budget, make)
+            for name, solve in theirs.items():
+                if methods is None or name in methods:
+                    results[name] = run_pytorch(problem, budget, solve)
+            best = min(r["objective"] for r in results.values() if "objective" in r and not r.get("over_budget"))
+            for name, r in results.items():
+                gap = (r["objective"] - best) / best if "objective" in r and best > 0 else None
+                rows.append({"layers": n_layer, "joint_nodes": len(joint), "forward_nodes": len(problem),
+                             "budget": fraction, "budget_bytes": budget, "method": name, "gap_to_best": gap, **r})
+                print(_row(rows[-1]), flush=True)
+    return rows
+
+
+HEADER = ("| layers | joint nodes | budget | method | plan time s | objective (recompute µs) "
+          "| gap to best | status | proven gap |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def _row(r: dict) -> str:
+    if "error" in r:
+        return f"| {r['layers']} | {r['joint_nodes']} | {r['budget']} | {r['method']} | - | - | - | {r['error']} | - |"
+    proven = "-" if r["proven_gap"] is None else f"{r['proven_gap']:.2%}"
+    status = r["status"] + (" (over budget)" if r.get("over_budget") else "")
+    return (f"| {r['layers']} | {r['joint_nodes']} | {r['budget']} | {r['method']} | {r['seconds']:.3f} | "
+            f"{r['objective'] * 1e6:.3f} | {r['gap_to_best']:.2%} | {status} | {proven} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Compare solvers on the built-in GPT.")
+    parser.add_argument("--layers", type=int, nargs="+", default=[4, 12, 48])
+    parser.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.8])
+    parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per solve (default 30)")
+    parser.add_argument("--methods", nargs="+", help="only these methods (default: all)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "solvers.json")
+    args = parser.parse_args(argv)
+    print(HEADER, flush=True)
+    rows = bench(args.layers, args.budgets, args.time_limit, args.methods)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"torch": torch.__version__, "machine": platform.machine(), "cpus": __import__("os").cpu_count(),
+            "time_limit": args.time_limit}
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
