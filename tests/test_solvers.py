@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.decision import Decision, Status
-from planner.errors import InfeasibleBudget, UnknownNameError
+from planner.errors import ConfigError, InfeasibleBudget, UnknownNameError
 from planner.problem import evaluate
 from solvers import available_solvers, get_solver
 from solvers.knapsack_items import knapsack_items
@@ -138,3 +138,20 @@ def test_mincut_gap_is_a_proven_bound(problem, fraction):
     assert decision.gap is not None
     # The bound the cuts prove never exceeds the true optimum.
     assert decision.recompute_seconds * (1 - decision.gap) <= optimum + 1e-9
+
+
+@pytest.mark.parametrize("name,options", [("ilp", {"backend": "highs"}), ("ilp", {"backend": "cbc"}), ("cpsat", {}), ("mincut", {})])
+def test_time_limit_returns_a_plan_with_its_gap(name, options):
+    problem = random_problem(17, 400)
+    budget = budget_in_range(problem, 0.3)
+    decision = get_solver(name, time_limit=1.0, **options).solve(problem, budget)
+    assert decision.memory_bytes <= budget
+    if decision.status == Status.OPTIMAL:
+        assert decision.gap == 0.0
+    else:
+        assert decision.gap is not None and decision.gap >= 0.0
+
+
+def test_unknown_ilp_backend_names_the_choices():
+    with pytest.raises(ConfigError, match="ilp backend='gurobi' is not allowed; choose one of: highs, cbc"):
+        get_solver("ilp", backend="gurobi")
