@@ -1,19 +1,21 @@
 """``plan()``: capture a model, choose what to save, and return a module that trains with it."""
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from planner.compiler import GraphPlan, PlannerBackend, solve_graph
+from planner.compiler import GraphPlan, PlannerBackend, replay_graph, solve_graph
 from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.tracing import as_inputs, capture
 from planner.config import PlannerConfig
 from planner.decision import Decision
+from planner.errors import PlanFileError
+from planner.plan_file import PlanFile, read_plan_file, write_plan_file
 from planner.problem import evaluate
 from planner.units import format_bytes
 
@@ -92,6 +94,11 @@ class Plan:
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
+    def save(self, path: str | Path) -> Path:
+        """Write the plan file (decision, graph fingerprint, settings, predictions) atomically."""
+        record = PlanFile(self.graph_plan.fingerprint, plan_settings(self.config), self.decision, asdict(self.predicted))
+        return write_plan_file(record, path)
+
     def __repr__(self) -> str:
         return f"Plan(solver={self.decision.solver!r}, saved={format_bytes(self.decision.memory_bytes)})"
 
@@ -103,10 +110,13 @@ def plan(
     solver: str | None = None,
     estimator: str | None = None,
     config: PlannerConfig | None = None,
+    plan_file: str | Path | None = None,
 ) -> Plan:
     """Plan activation checkpointing for ``model`` on inputs shaped like ``example_inputs``.
 
     Keyword arguments override the fields of ``config`` (default :class:`PlannerConfig`).
+    With ``plan_file``, an existing file is reused without solving when it was made for this
+    graph and these settings (and refused otherwise); a missing one is written after solving.
 
     Raises
     ------
@@ -116,7 +126,33 @@ def plan(
         If the budget is below the most frugal plan; the error names the smallest budget.
     ConfigError, UnknownNameError
         For a bad budget, solver or estimator.
+    PlanFileError
+        If ``plan_file`` is malformed, or was made for another graph or other settings.
     """
     config = (config or PlannerConfig()).replace(memory_budget=memory_budget, solver=solver, estimator=estimator)
     joint = capture(model, as_inputs(example_inputs), codegen=config.codegen)
-    return Plan(model, solve_graph(joint, config), config)
+    if plan_file is not None and Path(plan_file).exists():
+        stored = read_plan_file(plan_file)
+        if stored.fingerprint != joint.fingerprint:
+            raise PlanFileError(
+                f"plan file {plan_file} was solved for another graph (fingerprint {stored.fingerprint}, this one "
+                f"{joint.fingerprint}): the model, its input shapes or the codegen changed; delete it to plan again"
+            )
+        if stored.settings != plan_settings(config):
+            raise PlanFileError(
+                f"plan file {plan_file} was solved with {stored.settings}, not {plan_settings(config)}; "
+                f"use those settings or delete it to plan again"
+            )
+        return Plan(model, replay_graph(joint, config, stored.decision), config)
+    result = Plan(model, solve_graph(joint, config), config)
+    if plan_file is not None:
+        result.save(plan_file)
+    return result
+
+
+def plan_settings(config: PlannerConfig) -> dict[str, Any]:
+    """The settings a plan file records: what decides the plan besides the graph."""
+    budget = config.budget
+    return {"memory_budget": budget.fraction if budget.fraction is not None else budget.nbytes,
+            "solver": config.solver, "estimator": config.estimator, "solver_options": dict(config.solver_options),
+            "estimator_options": dict(config.estimator_options)}

@@ -15,10 +15,10 @@ from planner.decision import Decision
 from planner.emit import emit
 from planner.errors import PlanFileError
 from planner.graph import JointGraph
-from planner.problem import Problem
+from planner.problem import InfeasibleDecision, Problem, evaluate
 from solvers import get_solver
 
-__all__ = ["backend", "PlannerBackend", "GraphPlan", "solve_graph"]
+__all__ = ["backend", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,24 @@ def solve_graph(joint: JointGraph, config: PlannerConfig) -> GraphPlan:
     problem = build_problem(joint, estimator)
     solver = get_solver(config.solver, time_limit=config.time_limit, **config.solver_options)
     decision = solver.solve(problem, config.budget.resolve(problem))
+    return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator), time.perf_counter() - start)
+
+
+def replay_graph(joint: JointGraph, config: PlannerConfig, decision: Decision) -> GraphPlan:
+    """A GraphPlan for a decision solved before (a plan file): checked whole, not solved again.
+
+    Raises
+    ------
+    PlanFileError
+        If the decision names nodes this graph lacks or does not give the backward what it needs.
+    """
+    start = time.perf_counter()
+    estimator = get_estimator(config.estimator, **config.estimator_options)
+    problem = build_problem(joint, estimator)
+    try:
+        evaluate(problem, problem.mask(problem.index(decision.saved)))
+    except InfeasibleDecision as err:
+        raise PlanFileError(f"the stored plan does not fit this graph: {err}; delete the plan file to plan again") from None
     return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator), time.perf_counter() - start)
 
 
