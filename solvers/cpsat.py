@@ -10,8 +10,7 @@ from planner.decision import Status
 from planner.errors import ConfigError, SolverError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver
-from solvers.graph_model import GraphModel, build_graph_model
-from solvers.ilp import tie_broken_objective
+from solvers.graph_model import GraphModel, build_graph_model, tie_broken_objective
 
 __all__ = ["CPSATSolver"]
 

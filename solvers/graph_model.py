@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 from planner.problem import Problem
 
-__all__ = ["GraphModel", "build_graph_model"]
+__all__ = ["GraphModel", "build_graph_model", "tie_broken_objective", "MEMORY_TIE_BREAK"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +118,21 @@ def _relevant(problem: Problem) -> np.ndarray:
             seen[i] = True
             stack.extend(problem.inputs[i])
     return seen
+
+
+MEMORY_TIE_BREAK = 1e-4
+
+
+def tie_broken_objective(model: GraphModel) -> np.ndarray:
+    """Runtime scaled so the costliest node weighs 1, plus memory weighing 1e-4 in all.
+
+    Among plans of equal runtime the least memory wins (so memory falls with the budget); the
+    runtime given up for it is at most 1e-4 of the costliest node's runtime.
+    """
+    total = float(model.memory.sum())
+    return _scaled(model.runtime) + (MEMORY_TIE_BREAK * model.memory / total if total > 0 else 0.0)
+
+
+def _scaled(vector: np.ndarray) -> np.ndarray:
+    top = float(np.max(vector, initial=0.0))
+    return vector / top if top > 0 else vector

@@ -17,7 +17,7 @@ from planner.decision import Status
 from planner.errors import ConfigError, SolverError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver
-from solvers.graph_model import GraphModel, build_graph_model
+from solvers.graph_model import GraphModel, build_graph_model, tie_broken_objective
 
 __all__ = ["ILPSolver", "BACKENDS", "lp_bound"]
 
@@ -66,24 +66,6 @@ class ILPSolver(Solver):
         stats = {"backend": self.backend, "variables": model.num_vars, "constraints": model.rows.shape[0]}
         status = Status.OPTIMAL if answer.optimal else Status.FEASIBLE
         return Solution(model.saved_mask(answer.x), status, 0.0 if answer.optimal else answer.gap, stats)
-
-
-MEMORY_TIE_BREAK = 1e-4
-
-
-def tie_broken_objective(model: GraphModel) -> np.ndarray:
-    """Runtime scaled so the costliest node weighs 1, plus memory weighing 1e-4 in all.
-
-    Among plans of equal runtime the least memory wins (so memory falls with the budget); the
-    runtime given up for it is at most 1e-4 of the costliest node's runtime.
-    """
-    total = float(model.memory.sum())
-    return _scaled(model.runtime) + (MEMORY_TIE_BREAK * model.memory / total if total > 0 else 0.0)
-
-
-def _scaled(vector: np.ndarray) -> np.ndarray:
-    top = float(np.max(vector, initial=0.0))
-    return vector / top if top > 0 else vector
 
 
 def solve_highs(model: GraphModel, objective: np.ndarray, deadline: float) -> Answer:
