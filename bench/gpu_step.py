@@ -1,0 +1,90 @@
+"""One training step on the GPU: measured peak activation memory and step time per method.
+
+Methods: eager, torch.compile with PyTorch's ``activation_memory_budget``, and the planner as
+the torch.compile backend (inductor) at the same budgets. Peak activation memory is
+``max_memory_allocated`` during a step minus ``memory_allocated`` before it; step time is the
+median of ``--steps`` CUDA-event-timed steps after one warm-up step that compiles.
+
+    python -m bench.gpu_step [--layers 8] [--budgets 1.0 0.5 0.0] [--solver ilp]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+import planner
+from planner.models import GPTConfig, gpt_example
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def measure(run, params, batch, steps: int) -> dict:
+    """Peak activation memory (bytes) and median step time (ms) of ``run(*batch).backward()``."""
+    def step():
+        for p in params:
+            p.grad = None
+        run(*batch).backward()
+
+    step()  # warm-up: compiles
+    torch.cuda.synchronize()
+    for p in params:
+        p.grad = None
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run(*batch).backward()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+        for p in params:
+            p.grad = None
+    return {"peak_activation_bytes": torch.cuda.max_memory_allocated() - before, "step_ms": statistics.median(times)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--budgets", type=float, nargs="+", default=[1.0, 0.5, 0.0])
+    parser.add_argument("--solver", default="ilp")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=RESULTS / "gpu_step.json")
+    args = parser.parse_args(argv)
+    cfg = GPTConfig(n_layer=args.layers, d_model=1024, n_head=16, seq_len=2048, vocab=8192, dropout=0.0, batch=8)
+    base, batch = gpt_example(cfg, device="cuda")
+    base = base.to(torch.bfloat16)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; GPT {cfg}")
+    print("| method | budget | peak activation GiB | step ms | predicted saved GiB |\n|---|---|---|---|---|", flush=True)
+    rows = []
+
+    def record(method, budget, result, predicted=None):
+        rows.append({"method": method, "budget": budget, **result, "predicted_saved_bytes": predicted})
+        pred = "-" if predicted is None else f"{predicted / 2**30:.2f}"
+        print(f"| {method} | {budget} | {result['peak_activation_bytes'] / 2**30:.2f} | {result['step_ms']:.1f} | {pred} |", flush=True)
+
+    model = copy.deepcopy(base)
+    record("eager", "-", measure(model, list(model.parameters()), batch, args.steps))
+    for budget in args.budgets:
+        torch._dynamo.reset()
+        model = copy.deepcopy(base)
+        with torch._functorch.config.patch(activation_memory_budget=budget):
+            record("torch.compile", budget, measure(torch.compile(model), list(model.parameters()), batch, args.steps))
+    for budget in args.budgets:
+        torch._dynamo.reset()
+        model = copy.deepcopy(base)
+        be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=budget, solver=args.solver)
+        result = measure(torch.compile(model, backend=be), list(model.parameters()), batch, args.steps)
+        record(f"planner-{args.solver}", budget, result, sum(g.decision.memory_bytes for g in be.graphs))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
