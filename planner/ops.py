@@ -44,14 +44,15 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
     schema = _schema(node)
     if schema is None or schema.is_mutable:
         return None
-    out_sets = {
-        s for ret in schema.returns if ret.alias_info is not None for s in ret.alias_info.after_set
-    }
-    if not out_sets:
+    returns = [ret.alias_info for ret in schema.returns if ret.alias_info is not None and not ret.alias_info.is_write]
+    if not returns:
         return None
+    # A list return (``Tensor(a)[]`` of split/unbind/chunk) hides its alias set in the element
+    # type, so an empty set means: aliases the annotated input.
+    out_sets = {s for info in returns for s in info.after_set}
     for arg, value in zip(schema.arguments, node.args):
         info = arg.alias_info
-        if info is not None and not info.is_write and out_sets & set(info.before_set):
+        if info is not None and not info.is_write and (not out_sets or out_sets & set(info.before_set)):
             return value if isinstance(value, fx.Node) else None
     return None
 

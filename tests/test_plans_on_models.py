@@ -63,3 +63,14 @@ def test_views_and_getitems_are_free_and_never_saved():
             assert problem.runtime[i] == 0.0
         if target in ("aten.view.default", "aten.t.default", "aten.transpose.int"):
             assert not problem.saveable[i] and problem.nbytes[i] == 0
+
+
+def test_outputs_of_split_are_views_of_one_buffer():
+    # q, k, v = qkv.split(...): saving them keeps the one qkv buffer alive, counted once.
+    model, inputs = MODELS["gpt"]()
+    problem = build_problem(planner.capture(model, inputs), get_estimator("flops"))
+    splits = [i for i, t in enumerate(problem.targets) if t == "aten.split.Tensor"]
+    assert splits
+    for i in splits:
+        readers = [j for j in range(len(problem)) if i in problem.inputs[j]]
+        assert readers and not problem.saveable[readers].any() and (problem.nbytes[readers] == 0).all()
