@@ -56,6 +56,7 @@ class Solver(ABC):
             If the back end fails to produce a plan within the budget.
         """
         start = time.perf_counter()
+        deadline = time.monotonic() + self.time_limit  # the limit covers the whole solve
         frugal = min_memory_plan(problem)
         if budget_bytes < frugal.memory_bytes:
             raise InfeasibleBudget(budget_bytes, frugal.memory_bytes)
@@ -64,7 +65,7 @@ class Solver(ABC):
             status = Status.OPTIMAL if fast.recompute_seconds == 0 else Status.HEURISTIC
             solution = Solution(fast.saved, status, 0.0 if status == Status.OPTIMAL else None)
         else:
-            solution = self._solve(problem, int(budget_bytes), frugal, fast)
+            solution = self._solve(problem, int(budget_bytes), frugal, fast, deadline)
         result = evaluate(problem, solution.saved)
         if result.memory_bytes > budget_bytes:
             raise SolverError(
@@ -84,5 +85,10 @@ class Solver(ABC):
         )
 
     @abstractmethod
-    def _solve(self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation) -> Solution:
-        """Solve for a budget with ``frugal.memory_bytes <= budget_bytes < fast.memory_bytes``."""
+    def _solve(
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+    ) -> Solution:
+        """Solve for a budget with ``frugal.memory_bytes <= budget_bytes < fast.memory_bytes``.
+
+        ``deadline`` is a ``time.monotonic()`` instant: return the best plan found by then.
+        """

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -41,14 +42,16 @@ class CPSATSolver(Solver):
             raise ConfigError(f"cpsat workers must be a positive int, got {workers!r}")
         self.workers = workers or max(8, os.cpu_count() or 1)
 
-    def _solve(self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation) -> Solution:
+    def _solve(
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+    ) -> Solution:
         model = build_graph_model(problem, budget_bytes)
         cp, x = _to_cp_model(model)
         cp.Minimize(sum(int(w) * x[k] for k, w in enumerate(_integer_weights(model)) if w))
         for k, value in enumerate(model.vector(frugal.saved, frugal.recomputed)):
             cp.AddHint(x[k], int(value))
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = self.time_limit
+        solver.parameters.max_time_in_seconds = max(0.1, deadline - time.monotonic())
         solver.parameters.num_workers = self.workers
         solver.parameters.relative_gap_limit = 0.0
         status = solver.Solve(cp)

@@ -22,7 +22,9 @@ class GreedySolver(Solver):
 
     name = "greedy"
 
-    def _solve(self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation) -> Solution:
+    def _solve(
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+    ) -> Solution:
         items = knapsack_items(problem, frugal)
         density = items.value / np.maximum(items.weight, 1)
         order = np.argsort(-density, kind="stable")

@@ -55,9 +55,11 @@ class ILPSolver(Solver):
             raise ConfigError(f"ilp backend={backend!r} is not allowed; choose one of: {', '.join(BACKENDS)}")
         self.backend = backend
 
-    def _solve(self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation) -> Solution:
+    def _solve(
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+    ) -> Solution:
         model = build_graph_model(problem, budget_bytes)
-        answer = BACKENDS[self.backend](model, tie_broken_objective(model), time.monotonic() + self.time_limit)
+        answer = BACKENDS[self.backend](model, tie_broken_objective(model), deadline)
         if answer.x is None:
             raise SolverError(
                 f"ilp ({self.backend}) found no feasible plan within its time limit of {self.time_limit:g} s; "

@@ -39,13 +39,15 @@ class DPSolver(Solver):
             raise ConfigError(f"dp resolution must be a positive int, got {resolution!r}")
         self.resolution = resolution
 
-    def _solve(self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation) -> Solution:
+    def _solve(
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+    ) -> Solution:
         items = knapsack_items(problem, frugal)
         quantum = max(1, -(-(fast.memory_bytes - frugal.memory_bytes) // self.resolution))
         capacity = budget_bytes - frugal.memory_bytes
         weights = -(-items.weight // quantum)  # ceil: never under-count a weight
         slots = capacity // quantum
-        chosen, timed_out = _knapsack(weights, items.value, slots, time.monotonic() + self.time_limit)
+        chosen, timed_out = _knapsack(weights, items.value, slots, deadline)
         value = float(items.value[chosen].sum())
         bound = fractional_upper_bound(items, capacity)
         gap = 0.0 if bound <= 0 else max(0.0, (bound - value) / bound)

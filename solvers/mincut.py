@@ -44,8 +44,9 @@ class MinCutSolver(Solver):
             raise ConfigError(f"mincut iterations must be a positive int, got {iterations!r}")
         self.iterations = iterations
 
-    def _solve(self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation) -> Solution:
-        deadline = time.monotonic() + self.time_limit
+    def _solve(
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+    ) -> Solution:
         rounding = 0.5 * int((problem.runtime > 0).sum())  # prices are rounded to whole bytes
         # The frugal plan fits, the fast one does not; each cut at the lambda where the two tie
         # either finds a plan below the segment joining them (which replaces one end) or proves
