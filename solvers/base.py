@@ -45,6 +45,12 @@ class Solver(ABC):
             raise ConfigError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
         self.time_limit = float(time_limit)
 
+    def _positive_int(self, option: str, value: object) -> int:
+        """``value`` if it is a positive int, else a ConfigError naming the solver and option."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{self.name} {option} must be a positive int, got {value!r}")
+        return value
+
     def solve(self, problem: Problem, budget_bytes: int) -> Decision:
         """Return a feasible decision whose memory is at most ``budget_bytes``.
 

@@ -8,7 +8,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.decision import Status
-from planner.errors import ConfigError, SolverError
+from planner.errors import SolverError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver
 from solvers.graph_model import GraphModel, build_graph_model, tie_broken_objective
@@ -38,9 +38,7 @@ class CPSATSolver(Solver):
 
     def __init__(self, time_limit: float = 60.0, workers: int | None = None) -> None:
         super().__init__(time_limit)
-        if workers is not None and not (isinstance(workers, int) and workers >= 1):
-            raise ConfigError(f"cpsat workers must be a positive int, got {workers!r}")
-        self.workers = workers or max(8, os.cpu_count() or 1)
+        self.workers = max(8, os.cpu_count() or 1) if workers is None else self._positive_int("workers", workers)
 
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float

@@ -6,7 +6,6 @@ import time
 import numpy as np
 
 from planner.decision import Status
-from planner.errors import ConfigError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver
 from solvers.knapsack_items import fractional_upper_bound, knapsack_items
@@ -35,9 +34,7 @@ class DPSolver(Solver):
 
     def __init__(self, time_limit: float = 60.0, resolution: int = 4096) -> None:
         super().__init__(time_limit)
-        if not (isinstance(resolution, int) and resolution >= 1):
-            raise ConfigError(f"dp resolution must be a positive int, got {resolution!r}")
-        self.resolution = resolution
+        self.resolution = self._positive_int("resolution", resolution)
 
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float

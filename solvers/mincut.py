@@ -14,7 +14,6 @@ import numpy as np
 
 from planner.bounds import cut_graph, cut_plan
 from planner.decision import Status
-from planner.errors import ConfigError
 from planner.problem import Evaluation, Problem, evaluate
 from solvers.base import Solution, Solver
 
@@ -40,9 +39,7 @@ class MinCutSolver(Solver):
 
     def __init__(self, time_limit: float = 60.0, iterations: int = 16) -> None:
         super().__init__(time_limit)
-        if not (isinstance(iterations, int) and iterations >= 1):
-            raise ConfigError(f"mincut iterations must be a positive int, got {iterations!r}")
-        self.iterations = iterations
+        self.iterations = self._positive_int("iterations", iterations)
 
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float

@@ -155,3 +155,10 @@ def test_time_limit_returns_a_plan_with_its_gap(name, options):
 def test_unknown_ilp_backend_names_the_choices():
     with pytest.raises(ConfigError, match="ilp backend='gurobi' is not allowed; choose one of: highs, cbc"):
         get_solver("ilp", backend="gurobi")
+
+
+@pytest.mark.parametrize("name,option", [("dp", "resolution"), ("mincut", "iterations"), ("cpsat", "workers")])
+@pytest.mark.parametrize("value", [0, -3, 2.5, True])
+def test_bad_solver_options_name_the_option(name, option, value):
+    with pytest.raises(ConfigError, match=f"{name} {option} must be a positive int"):
+        get_solver(name, **{option: value})
