@@ -43,11 +43,6 @@ class GraphModel:
     def num_vars(self) -> int:
         return self.rows.shape[1]
 
-    def with_budget(self, budget_bytes: int) -> "GraphModel":
-        upper = self.upper.copy()
-        upper[-1] = budget_bytes
-        return GraphModel(self.rows, self.lower, upper, self.runtime, self.memory, self.saved_var, self.recomputed_var)
-
     def saved_mask(self, x: np.ndarray) -> np.ndarray:
         """Node mask of saved nodes from a (possibly fractional-noise) solution vector."""
         has = self.saved_var >= 0

@@ -32,16 +32,16 @@ class Answer:
 
 
 class ILPSolver(Solver):
-    """Mixed-integer program in two phases.
+    """Mixed-integer program on the graph model.
 
     Minimises the recompute seconds under the budget, with memory as a tie-break (see
     :func:`tie_broken_objective`), so plans hold no more memory than they need and memory falls
-    with the budget. Status ``optimal`` means proven optimal (zero gap) for that objective. Objectives are scaled to [0, number of nodes] for the solvers' tolerances.
+    with the budget. Status ``optimal`` means proven optimal (zero gap) for that objective.
 
     Parameters
     ----------
-    time_limit : seconds; at the limit the best plan found is
-        returned with status ``feasible`` and its relative gap to the best bound.
+    time_limit : seconds; at the limit the best plan found is returned with status
+        ``feasible`` and its relative gap to the best bound.
     backend : ``"highs"`` (scipy.optimize.milp) or ``"cbc"`` (PuLP's bundled CBC).
 
     Complexity: NP-hard in general; the LP relaxation of this model is tight on most graphs.
