@@ -13,7 +13,14 @@ from planner.decision import Decision, Status
 from planner.errors import ConfigError, InfeasibleBudget, SolverError
 from planner.problem import Evaluation, Problem, evaluate
 
-__all__ = ["Solver", "Solution"]
+__all__ = ["Solver", "Solution", "relative_gap"]
+
+
+def relative_gap(found: float, bound: float | None) -> float | None:
+    """``(found - bound) / found``, at least 0; None when there is no bound or nothing to divide by."""
+    if bound is None or found <= 0:
+        return None
+    return max(0.0, (found - bound) / found)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from ortools.sat.python import cp_model
 from planner.decision import Status
 from planner.errors import SolverError
 from planner.problem import Evaluation, Problem
-from solvers.base import Solution, Solver
+from solvers.base import Solution, Solver, relative_gap
 from solvers.graph_model import GraphModel, build_graph_model, tie_broken_objective
 
 __all__ = ["CPSATSolver"]
@@ -60,8 +60,7 @@ class CPSATSolver(Solver):
             )
         values = np.array([solver.Value(v) for v in x], dtype=float)
         optimal = status == cp_model.OPTIMAL
-        found, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
-        gap = 0.0 if optimal else (max(0.0, (found - bound) / found) if found > 0 else None)
+        gap = 0.0 if optimal else relative_gap(solver.ObjectiveValue(), solver.BestObjectiveBound())
         stats = {"workers": self.workers, "variables": model.num_vars, "branches": solver.NumBranches()}
         return Solution(model.saved_mask(values), Status.OPTIMAL if optimal else Status.FEASIBLE, gap, stats)
 
@@ -74,12 +73,10 @@ def _to_cp_model(model: GraphModel) -> tuple[cp_model.CpModel, list]:
     """One Boolean per variable; each row as a linear constraint with integer coefficients."""
     cp = cp_model.CpModel()
     x = [cp.NewBoolVar(f"x{k}") for k in range(model.num_vars)]
-    rows = model.rows
-    for r in range(rows.shape[0]):
-        lo, hi = rows.indptr[r], rows.indptr[r + 1]
-        expr = sum(int(c) * x[k] for k, c in zip(rows.indices[lo:hi], rows.data[lo:hi]))
-        if np.isfinite(model.lower[r]):
-            cp.Add(expr >= int(model.lower[r]))
-        if np.isfinite(model.upper[r]):
-            cp.Add(expr <= int(model.upper[r]))
+    for cols, coefs, lower, upper in model.constraints():
+        expr = sum(int(c) * x[k] for k, c in zip(cols, coefs))
+        if lower is not None:
+            cp.Add(expr >= int(lower))
+        if upper is not None:
+            cp.Add(expr <= int(upper))
     return cp, x

@@ -43,6 +43,15 @@ class GraphModel:
     def num_vars(self) -> int:
         return self.rows.shape[1]
 
+    def constraints(self):
+        """Each row as ``(columns, coefficients, lower, upper)``; infinite bounds are None."""
+        rows = self.rows
+        for r in range(rows.shape[0]):
+            lo, hi = rows.indptr[r], rows.indptr[r + 1]
+            yield (rows.indices[lo:hi], rows.data[lo:hi],
+                   float(self.lower[r]) if np.isfinite(self.lower[r]) else None,
+                   float(self.upper[r]) if np.isfinite(self.upper[r]) else None)
+
     def saved_mask(self, x: np.ndarray) -> np.ndarray:
         """Node mask of saved nodes from a (possibly fractional-noise) solution vector."""
         has = self.saved_var >= 0

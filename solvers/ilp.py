@@ -16,7 +16,7 @@ from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from planner.decision import Status
 from planner.errors import ConfigError, SolverError
 from planner.problem import Evaluation, Problem
-from solvers.base import Solution, Solver
+from solvers.base import Solution, Solver, relative_gap
 from solvers.graph_model import GraphModel, build_graph_model, tie_broken_objective
 
 __all__ = ["ILPSolver", "BACKENDS", "lp_bound"]
@@ -88,24 +88,22 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
     """CBC (bundled with PuLP), to zero relative gap; the gap at a time limit is to the LP bound."""
     import pulp
 
-    rows, lower, upper = model.rows, model.lower, model.upper
     lp = pulp.LpProblem("activation_checkpointing", pulp.LpMinimize)
     x = [pulp.LpVariable(f"x{k}", cat="Binary") for k in range(model.num_vars)]
     lp += pulp.lpSum(float(c) * x[k] for k, c in enumerate(objective) if c)
-    for r in range(rows.shape[0]):
-        lo, hi = rows.indptr[r], rows.indptr[r + 1]
-        expr = pulp.lpSum(float(c) * x[k] for k, c in zip(rows.indices[lo:hi], rows.data[lo:hi]))
-        if np.isfinite(lower[r]):
-            lp += expr >= float(lower[r])
-        if np.isfinite(upper[r]):
-            lp += expr <= float(upper[r])
+    for cols, coefs, lower, upper in model.constraints():
+        expr = pulp.lpSum(float(c) * x[k] for k, c in zip(cols, coefs))
+        if lower is not None:
+            lp += expr >= lower
+        if upper is not None:
+            lp += expr <= upper
     limit = max(1, int(deadline - time.monotonic()))
     lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=1, gapRel=0.0))
     if lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return Answer(None, False, None)
     values = np.round(np.array([v.varValue or 0.0 for v in x]))
     optimal = lp.sol_status == pulp.LpSolutionOptimal
-    return Answer(values, optimal, None if optimal else _relative_gap(float(objective @ values), lp_bound(model, objective)))
+    return Answer(values, optimal, None if optimal else relative_gap(float(objective @ values), lp_bound(model, objective)))
 
 
 def lp_bound(model: GraphModel, objective: np.ndarray) -> float | None:
@@ -116,12 +114,6 @@ def lp_bound(model: GraphModel, objective: np.ndarray) -> float | None:
     b_ub = np.concatenate([-model.lower[finite_lo], model.upper[finite_hi]])
     result = linprog(objective, A_ub=a_ub, b_ub=b_ub, bounds=(0, 1), method="highs")
     return float(result.fun) if result.status == 0 else None
-
-
-def _relative_gap(found: float, bound: float | None) -> float | None:
-    if bound is None or found <= 0:
-        return None
-    return max(0.0, (found - bound) / found)
 
 
 BACKENDS = {"highs": solve_highs, "cbc": solve_cbc}
