@@ -16,7 +16,7 @@ from planner.config import PlannerConfig
 from planner.decision import Decision
 from planner.errors import PlanFileError
 from planner.plan_file import PlanFile, read_plan_file, write_plan_file
-from planner.problem import evaluate
+from planner.problem import evaluate_names
 from planner.units import format_bytes
 
 __all__ = ["plan", "Plan", "Prediction"]
@@ -62,7 +62,7 @@ class Plan:
     @property
     def recomputed(self) -> list[str]:
         problem = self.graph_plan.problem
-        result = evaluate(problem, problem.mask(problem.index(self.decision.saved)))
+        result = evaluate_names(problem, self.decision.saved)
         return [problem.names[i] for i in np.flatnonzero(result.recomputed)]
 
     @property

@@ -15,7 +15,7 @@ from planner.decision import Decision
 from planner.emit import emit
 from planner.errors import PlanFileError
 from planner.graph import JointGraph
-from planner.problem import InfeasibleDecision, Problem, evaluate
+from planner.problem import InfeasibleDecision, Problem, evaluate_names
 from solvers import get_solver
 
 __all__ = ["backend", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
@@ -54,7 +54,7 @@ def replay_graph(joint: JointGraph, config: PlannerConfig, decision: Decision) -
     estimator = get_estimator(config.estimator, **config.estimator_options)
     problem = build_problem(joint, estimator)
     try:
-        evaluate(problem, problem.mask(problem.index(decision.saved)))
+        evaluate_names(problem, decision.saved)
     except InfeasibleDecision as err:
         raise PlanFileError(f"the stored plan does not fit this graph: {err}; delete the plan file to plan again") from None
     return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator), time.perf_counter() - start)

@@ -16,7 +16,7 @@ import torch.fx as fx
 from planner import _torch_compat
 from planner.graph import JointGraph
 from planner.ops import is_random
-from planner.problem import Problem, evaluate
+from planner.problem import Problem, evaluate_names
 
 __all__ = ["emit"]
 
@@ -28,7 +28,7 @@ def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...]) -> tuple[f
     calling convention: the forward returns its outputs, then the saved tensors, then saved
     sizes; the backward takes the saved values and the tangents and returns the gradients.
     """
-    result = evaluate(problem, problem.mask(problem.index(saved)))
+    result = evaluate_names(problem, saved)
     by_name = {node.name: node for node in joint.graph.nodes}
     recomputed = {by_name[problem.names[i]] for i in result.recomputed.nonzero()[0]}
     kept = [by_name[problem.names[i]] for i in result.saved.nonzero()[0]]

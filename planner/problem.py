@@ -8,13 +8,14 @@ seconds recomputation costs); every solver's reported figures come from :func:`e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 from functools import cached_property
 
 import numpy as np
 
 from planner.errors import PlannerError
 
-__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate"]
+__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names"]
 
 
 class InfeasibleDecision(PlannerError):
@@ -145,3 +146,14 @@ def evaluate(problem: Problem, saved: np.ndarray) -> Evaluation:
             stack.extend(inputs[i])
     memory = int(problem.nbytes[used].sum()) + problem.rng_state_bytes * int((recomputed & problem.random).sum())
     return Evaluation(used, recomputed, memory, float(problem.runtime[recomputed].sum()))
+
+
+def evaluate_names(problem: Problem, saved: Iterable[str]) -> Evaluation:
+    """:func:`evaluate` for a decision given as the names of its saved nodes.
+
+    Raises
+    ------
+    InfeasibleDecision
+        If a name is not a node of the problem, or as :func:`evaluate`.
+    """
+    return evaluate(problem, problem.mask(problem.index(saved)))

@@ -7,7 +7,7 @@ from estimators import get_estimator
 from planner import _torch_compat
 from planner.build import build_problem
 from planner.emit import emit
-from planner.problem import evaluate
+from planner.problem import evaluate_names
 from solvers import get_solver
 from tests.models import MODELS
 
@@ -34,7 +34,7 @@ def test_forward_returns_exactly_the_saved_values(fraction):
     rng_states = {n for n in returned if n.meta["val"].dtype == torch.uint8}
     activations = {n.name for n in returned} - {n.name for n in primals | rng_states}
     assert activations == set(decision.saved)
-    recomputed = evaluate(problem, problem.mask(problem.index(decision.saved))).recomputed
+    recomputed = evaluate_names(problem, decision.saved).recomputed
     assert len(rng_states) == int((recomputed & problem.random).sum())
     assert [n.name for n in bw.graph.find_nodes(op="placeholder")][: len(returned)] == [n.name for n in returned]
 
@@ -56,7 +56,7 @@ def test_recomputation_happens_just_before_its_first_use():
     problem, decision, _, fw, bw = emitted("gpt", 0.0)
     nodes = list(bw.graph.nodes)
     recomputed = [n for n in nodes if n.meta.get("recomputed")]
-    assert len(recomputed) == int(evaluate(problem, problem.mask(problem.index(decision.saved))).recomputed.sum())
+    assert len(recomputed) == int(evaluate_names(problem, decision.saved).recomputed.sum())
     for node in recomputed:
         first_use = min(nodes.index(u) for u in node.users)
         between = nodes[nodes.index(node) + 1 : first_use]

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.decision import Decision, Status
 from planner.errors import ConfigError, InfeasibleBudget, UnknownNameError
-from planner.problem import evaluate
+from planner.problem import evaluate_names
 from solvers import available_solvers, get_solver
 from solvers.knapsack_items import knapsack_items
 from tests.synthetic import brute_force, problems, random_problem
@@ -27,7 +27,7 @@ def budget_in_range(problem, fraction):
 def test_decision_is_feasible_and_its_figures_are_recomputable(name, problem, fraction):
     budget = budget_in_range(problem, fraction)
     decision = get_solver(name).solve(problem, budget)
-    result = evaluate(problem, problem.mask(problem.index(decision.saved)))
+    result = evaluate_names(problem, decision.saved)
     assert decision.solver == name
     assert result.memory_bytes == decision.memory_bytes <= budget
     assert result.recompute_seconds == pytest.approx(decision.recompute_seconds)
