@@ -18,7 +18,6 @@ __all__ = [
     "run_with_rng_state",
     "inductor_compile",
     "has_custom_partitioner_hook",
-    "default_partition",
     "pytorch_knapsack_solvers",
     "mutated_primals",
 ]
@@ -29,12 +28,6 @@ def aot_autograd(**kwargs: Any) -> Callable:
     from torch._dynamo.backends.common import aot_autograd as _aot_autograd
 
     return _aot_autograd(**kwargs)
-
-
-def default_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
-    from torch._functorch.partitioners import default_partition as _default
-
-    return _default(joint, joint_inputs, **kwargs)
 
 
 def extract_fwd_bwd_modules(

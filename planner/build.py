@@ -7,7 +7,7 @@ import torch.fx as fx
 
 from estimators.base import Estimator
 from planner.graph import JointGraph
-from planner.ops import aliased_input, is_getitem, is_random, side_effect, storage_bytes
+from planner.ops import aliased_input, first_tensor, is_getitem, is_random, side_effect, storage_bytes
 from planner.problem import Problem
 
 __all__ = ["build_problem", "estimate_step_seconds"]
@@ -81,8 +81,8 @@ def _never_recompute(node: fx.Node, val: object, mutated: frozenset[fx.Node]) ->
 
 
 def _device(val: object) -> str | None:
-    first = val[0] if isinstance(val, (tuple, list)) and val else val
-    return first.device.type if isinstance(first, torch.Tensor) else None
+    tensor = first_tensor(val)
+    return tensor.device.type if tensor is not None else None
 
 
 def _rng_state_bytes(nodes: list[fx.Node]) -> int:

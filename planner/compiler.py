@@ -34,12 +34,12 @@ class GraphPlan:
 
 def solve_graph(joint: JointGraph, config: PlannerConfig) -> GraphPlan:
     """Estimate, build the problem, resolve the budget and solve, for one joint graph."""
-    start = time.perf_counter()
-    estimator = get_estimator(config.estimator, **config.estimator_options)
-    problem = build_problem(joint, estimator)
-    solver = get_solver(config.solver, time_limit=config.time_limit, **config.solver_options)
-    decision = solver.solve(problem, config.budget.resolve(problem))
-    return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator), time.perf_counter() - start)
+
+    def solve(problem: Problem) -> Decision:
+        solver = get_solver(config.solver, time_limit=config.time_limit, **config.solver_options)
+        return solver.solve(problem, config.budget.resolve(problem))
+
+    return _plan_graph(joint, config, solve)
 
 
 def replay_graph(joint: JointGraph, config: PlannerConfig, decision: Decision) -> GraphPlan:
@@ -50,13 +50,23 @@ def replay_graph(joint: JointGraph, config: PlannerConfig, decision: Decision) -
     PlanFileError
         If the decision names nodes this graph lacks or does not give the backward what it needs.
     """
+
+    def check(problem: Problem) -> Decision:
+        try:
+            evaluate_names(problem, decision.saved)
+        except InfeasibleDecision as err:
+            raise PlanFileError(f"the stored plan does not fit this graph: {err}; delete the plan file to plan again") from None
+        return decision
+
+    return _plan_graph(joint, config, check)
+
+
+def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Problem], Decision]) -> GraphPlan:
+    """Estimate and build the problem, then ``decide`` on it; timed as a whole."""
     start = time.perf_counter()
     estimator = get_estimator(config.estimator, **config.estimator_options)
     problem = build_problem(joint, estimator)
-    try:
-        evaluate_names(problem, decision.saved)
-    except InfeasibleDecision as err:
-        raise PlanFileError(f"the stored plan does not fit this graph: {err}; delete the plan file to plan again") from None
+    decision = decide(problem)
     return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator), time.perf_counter() - start)
 
 

@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from planner import _torch_compat
 from planner.graph import JointGraph
-from planner.ops import is_random
+from planner.ops import first_tensor, is_random
 from planner.problem import Problem, evaluate_names
 
 __all__ = ["emit"]
@@ -73,8 +73,7 @@ def _save_rng_states(joint: JointGraph, recomputed: set[fx.Node]) -> dict[fx.Nod
 
 def _rng_state_like(node: fx.Node) -> torch.Tensor:
     """A (fake) tensor shaped like the RNG state of the device the node runs on."""
-    val = node.meta["val"]
-    first = val[0] if isinstance(val, (tuple, list)) else val
+    first = first_tensor(node.meta["val"])
     cuda = first.device.type == "cuda"
     state = torch.cuda.get_rng_state(first.device) if cuda else torch.get_rng_state()
     mode = getattr(first, "fake_mode", None)

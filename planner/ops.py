@@ -16,8 +16,8 @@ __all__ = [
     "aliased_input",
     "is_random",
     "side_effect",
-    "is_tensor_value",
     "storage_bytes",
+    "first_tensor",
 ]
 
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
@@ -92,8 +92,10 @@ def side_effect(node: fx.Node) -> str | None:
     return f"opaque call {getattr(target, '__name__', target)}"
 
 
-def is_tensor_value(value: object) -> bool:
-    return isinstance(value, torch.Tensor)
+def first_tensor(value: object) -> torch.Tensor | None:
+    """The node value itself if a tensor, the first element of a tuple value, else None."""
+    first = value[0] if isinstance(value, (tuple, list)) and value else value
+    return first if isinstance(first, torch.Tensor) else None
 
 
 def storage_bytes(value: torch.Tensor) -> int:
