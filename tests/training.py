@@ -8,14 +8,15 @@ import torch
 SEED = 1234
 
 
-def step(module, inputs, params_of):
-    """Loss (or output), gradients and buffers after one forward+backward under a fixed seed."""
+def step(module, inputs, model):
+    """Loss (or output), ``model``'s gradients and buffers after one step of ``module`` under a fixed seed."""
     torch.manual_seed(SEED)
     out = module(*inputs)
-    torch.manual_seed(SEED + 1)
-    tangent = torch.randn_like(out)
-    (out * tangent).sum().backward() if out.dim() else out.backward()
-    model = params_of
+    if out.dim():  # a non-scalar output is reduced against a seeded random tangent
+        torch.manual_seed(SEED + 1)
+        (out * torch.randn_like(out)).sum().backward()
+    else:
+        out.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     return out.detach(), grads, buffers
