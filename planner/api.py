@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 
 from planner.compiler import GraphPlan, PlannerBackend, replay_graph, solve_graph
-from planner.bounds import min_memory_plan, runtime_optimal_plan
+from planner.bounds import runtime_optimal_plan
+from planner.memory import Timeline
 from planner.tracing import as_inputs, capture
 from planner.config import PlannerConfig
 from planner.decision import Decision
@@ -18,6 +19,7 @@ from planner.errors import PlanFileError
 from planner.plan_file import PlanFile, read_plan_file, write_plan_file
 from planner.problem import evaluate_names
 from planner.units import format_bytes
+from solvers.frugal import min_peak_plan
 
 __all__ = ["plan", "Plan", "Prediction"]
 
@@ -27,10 +29,11 @@ class Prediction:
     """What the planner expects of the plan (estimates, not measurements)."""
 
     saved_bytes: int  # activations kept for the backward (plus RNG states), bytes
+    peak_bytes: int  # peak activation memory over the step, as the solvers bound it, bytes
     recompute_seconds: float  # extra runtime spent recomputing in the backward, seconds
     step_seconds: float  # estimated runtime of the step without recomputation, seconds
-    min_bytes: int  # saved bytes of the most memory-frugal plan (budget 0.0)
-    max_bytes: int  # saved bytes of the runtime-optimal plan (budget 1.0)
+    min_peak_bytes: int  # peak of the most memory-frugal plan (budget 0.0)
+    max_peak_bytes: int  # peak of the runtime-optimal plan (budget 1.0)
 
     @property
     def overhead(self) -> float:
@@ -70,11 +73,18 @@ class Plan:
         problem = self.graph_plan.problem
         return Prediction(
             saved_bytes=self.decision.memory_bytes,
+            peak_bytes=self.decision.peak_bytes,
             recompute_seconds=self.decision.recompute_seconds,
             step_seconds=self.graph_plan.step_seconds,
-            min_bytes=min_memory_plan(problem).memory_bytes,
-            max_bytes=runtime_optimal_plan(problem).memory_bytes,
+            min_peak_bytes=min_peak_plan(problem, self.config.time_limit).plan.peak_bytes,
+            max_peak_bytes=runtime_optimal_plan(problem).peak_bytes,
         )
+
+    @property
+    def timeline(self) -> Timeline | None:
+        """Simulated memory of the emitted graphs (:func:`planner.memory.simulate`), once
+        ``module`` has been compiled by its first call; None before."""
+        return self.backend.timelines[-1] if self.backend.timelines else None
 
     def summary(self) -> str:
         """A readable table of the plan."""
@@ -84,8 +94,9 @@ class Plan:
             ("solver", f"{d.solver} ({d.status}, gap {gap})"),
             ("estimator", self.config.estimator),
             ("budget", f"{self.config.budget} -> {format_bytes(d.budget_bytes)}"),
+            ("predicted peak", format_bytes(p.peak_bytes)),
             ("saved activations", f"{format_bytes(p.saved_bytes)} ({len(d.saved)} tensors)"),
-            ("budget range", f"{format_bytes(p.min_bytes)} (0.0) .. {format_bytes(p.max_bytes)} (1.0)"),
+            ("budget range", f"{format_bytes(p.min_peak_bytes)} (0.0) .. {format_bytes(p.max_peak_bytes)} (1.0)"),
             ("recomputed ops", str(len(self.recomputed))),
             ("predicted recompute", f"{p.recompute_seconds:.3g} s ({p.overhead:.1%} of the step)"),
             ("plan time", f"{self.graph_plan.plan_seconds * 1e3:.0f} ms (solver {d.solve_seconds * 1e3:.0f} ms)"),
@@ -100,7 +111,7 @@ class Plan:
         return write_plan_file(record, path)
 
     def __repr__(self) -> str:
-        return f"Plan(solver={self.decision.solver!r}, saved={format_bytes(self.decision.memory_bytes)})"
+        return f"Plan(solver={self.decision.solver!r}, peak={format_bytes(self.decision.peak_bytes)})"
 
 
 def plan(

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.bounds import min_memory_plan, runtime_optimal_plan
+from planner.bounds import runtime_optimal_plan
 from planner.errors import ConfigError
 from planner.problem import Problem
 from planner.units import format_bytes, parse_size
@@ -13,10 +13,11 @@ __all__ = ["Budget"]
 
 @dataclass(frozen=True)
 class Budget:
-    """A memory budget for saved activations.
+    """A budget on peak activation memory over the training step.
 
-    Exactly one of ``fraction`` (in [0, 1]: 0 is the most memory-frugal feasible plan, 1 the
-    runtime-optimal plan, linear in bytes between them) and ``nbytes`` (an absolute bound) is set.
+    Exactly one of ``fraction`` (in [0, 1]: 0 is the peak of the most memory-frugal plan, 1 the
+    peak of the runtime-optimal plan, linear in bytes between them) and ``nbytes`` (an absolute
+    bound on the peak) is set.
     """
 
     fraction: float | None = None
@@ -53,12 +54,15 @@ class Budget:
                 raise ConfigError(f"memory_budget: {err}") from None
         raise ConfigError(_HELP.format(value=repr(value)))
 
-    def resolve(self, problem: Problem) -> int:
-        """The budget in bytes for this problem."""
+    def resolve(self, problem: Problem, time_limit: float = 60.0) -> int:
+        """The peak budget in bytes for this problem; a fraction needs the most frugal plan,
+        found exactly within ``time_limit`` seconds."""
         if self.nbytes is not None:
             return self.nbytes
-        lo = min_memory_plan(problem).memory_bytes
-        hi = runtime_optimal_plan(problem).memory_bytes
+        from solvers.frugal import min_peak_plan  # solvers build on planner, not the reverse
+
+        lo = min_peak_plan(problem, time_limit).plan.peak_bytes
+        hi = runtime_optimal_plan(problem).peak_bytes
         return lo + int((hi - lo) * self.fraction)
 
     def __str__(self) -> str:

@@ -7,6 +7,7 @@ import torch.fx as fx
 
 from estimators.base import Estimator
 from planner.graph import JointGraph
+from planner.memory import build_schedule
 from planner.ops import aliased_input, first_tensor, is_getitem, is_random, side_effect, storage_bytes
 from planner.problem import Problem
 
@@ -15,8 +16,9 @@ __all__ = ["build_problem", "estimate_step_seconds"]
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def build_problem(joint: JointGraph, estimator: Estimator) -> Problem:
-    """One row per forward-region node: bytes, runtime, and what may be done with it.
+def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False) -> Problem:
+    """One row per forward-region node: bytes, runtime, what may be done with it, and when
+    each value is alive (its :class:`~planner.schedule.Schedule`; ``fuse`` for inductor).
 
     Views and getitems cost nothing to recompute and are never saved (their base is); random ops
     are recomputable by replaying their saved RNG state; side-effecting ops (mutations,
@@ -62,6 +64,7 @@ def build_problem(joint: JointGraph, estimator: Estimator) -> Problem:
         must_save_reason=reasons,
         targets=tuple(str(node.target) for node in nodes),
         fingerprint=joint.fingerprint,
+        schedule=build_schedule(joint, fuse),
     )
 
 

@@ -15,6 +15,7 @@ from planner.decision import Decision
 from planner.emit import emit
 from planner.errors import PlanFileError
 from planner.graph import JointGraph
+from planner.memory import Timeline, simulate
 from planner.problem import InfeasibleDecision, Problem, evaluate_names
 from solvers import get_solver
 
@@ -37,7 +38,7 @@ def solve_graph(joint: JointGraph, config: PlannerConfig) -> GraphPlan:
 
     def solve(problem: Problem) -> Decision:
         solver = get_solver(config.solver, time_limit=config.time_limit, **config.solver_options)
-        return solver.solve(problem, config.budget.resolve(problem))
+        return solver.solve(problem, config.budget.resolve(problem, config.time_limit))
 
     return _plan_graph(joint, config, solve)
 
@@ -65,7 +66,7 @@ def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Prob
     """Estimate and build the problem, then ``decide`` on it; timed as a whole."""
     start = time.perf_counter()
     estimator = get_estimator(config.estimator, **config.estimator_options)
-    problem = build_problem(joint, estimator)
+    problem = build_problem(joint, estimator, fuse=config.codegen == "inductor")
     decision = decide(problem)
     return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator), time.perf_counter() - start)
 
@@ -74,13 +75,15 @@ class PlannerBackend:
     """A torch.compile backend that plans each joint graph it is given.
 
     With ``fixed`` set, the graph must be the one that plan was made for (same fingerprint) and
-    no solver runs. ``graphs`` lists a :class:`GraphPlan` per planned graph, in compile order.
+    no solver runs. ``graphs`` lists a :class:`GraphPlan` per planned graph, in compile order,
+    and ``timelines`` the simulated memory of each emitted pair of modules.
     """
 
     def __init__(self, config: PlannerConfig, fixed: GraphPlan | None = None) -> None:
         self.config = config
         self.fixed = fixed
         self.graphs: list[GraphPlan] = []
+        self.timelines: list[Timeline] = []
         self._compile: Callable = make_backend(self.partition, config.codegen)
 
     def partition(self, joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **_: Any):
@@ -96,7 +99,10 @@ class PlannerBackend:
                 f"({self.fixed.fingerprint}); the model, its input shapes or the codegen changed, so plan again"
             )
         self.graphs.append(graph_plan)
-        return emit(joint, graph_plan.problem, graph_plan.decision.saved)
+        num_fwd_outputs = joint.num_fwd_outputs
+        forward, backward = emit(joint, graph_plan.problem, graph_plan.decision.saved)
+        self.timelines.append(simulate(forward, backward, num_fwd_outputs, fuse=self.config.codegen == "inductor"))
+        return forward, backward
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
         return self._compile(gm, example_inputs)

@@ -29,7 +29,7 @@ class PlannerConfig:
     """
 
     memory_budget: float | int | str = 1.0
-    solver: str = "ilp"
+    solver: str = "cpsat"
     estimator: str = "flops"
     time_limit: float = 60.0
     codegen: str = "inductor"

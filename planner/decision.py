@@ -26,6 +26,7 @@ class Decision:
     solver : name of the solver that ran (never a stand-in for it).
     budget_bytes : the budget it solved for, bytes.
     memory_bytes : saved bytes plus RNG states for recomputed random ops.
+    peak_bytes : peak memory over the step (:func:`planner.problem.memory_profile`).
     recompute_seconds : estimated runtime of the recomputation in the backward, seconds.
     status : one of :class:`Status`.
     gap : relative optimality gap of ``recompute_seconds`` when known (0.0 when proven optimal).
@@ -37,6 +38,7 @@ class Decision:
     solver: str
     budget_bytes: int
     memory_bytes: int
+    peak_bytes: int
     recompute_seconds: float
     status: str
     gap: float | None

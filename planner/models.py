@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["GPTConfig", "GPT", "gpt_example"]
+__all__ = ["GPTConfig", "GPT", "gpt_example", "ResNet", "resnet_example"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,46 @@ def gpt_example(cfg: GPTConfig = GPTConfig(), device: str | torch.device = "cpu"
     model = GPT(cfg).to(device)
     idx = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len), device=device)
     return model, (idx, torch.roll(idx, -1, dims=1))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.skip = None
+        if stride != 1 or c_in != c_out:
+            self.skip = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        return F.relu(y + (x if self.skip is None else self.skip(x)))
+
+
+class ResNet(nn.Module):
+    """ResNet-18-style CNN (two basic blocks per stage) returning the mean cross-entropy loss."""
+
+    def __init__(self, widths: tuple[int, ...] = (64, 128, 256, 512), classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 7, 2, 3, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        blocks, c = [], widths[0]
+        for i, w in enumerate(widths):
+            blocks += [BasicBlock(c, w, 1 if i == 0 else 2), BasicBlock(w, w, 1)]
+            c = w
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(images))
+        return F.cross_entropy(self.head(x.mean((2, 3))), labels)
+
+
+def resnet_example(batch: int = 64, image: int = 224, device: str | torch.device = "cpu", seed: int = 0):
+    """A seeded ResNet and a batch ``(images, labels)`` for it."""
+    torch.manual_seed(seed)
+    model = ResNet().to(device)
+    images = torch.randn(batch, 3, image, image, device=device)
+    return model, (images, torch.randint(0, 1000, (batch,), device=device))

@@ -14,6 +14,7 @@ __all__ = [
     "is_getitem",
     "is_view",
     "aliased_input",
+    "written_input",
     "is_random",
     "side_effect",
     "storage_bytes",
@@ -54,6 +55,20 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
         info = arg.alias_info
         if info is not None and not info.is_write and (not out_sets or out_sets & set(info.before_set)):
             return value if isinstance(value, fx.Node) else None
+    return None
+
+
+def written_input(node: fx.Node) -> fx.Node | None:
+    """The input an in-place op writes and returns (``add_``, ``copy_``), or None."""
+    schema = _schema(node)
+    if schema is None or not schema.is_mutable:
+        return None
+    returned = {s for ret in schema.returns if ret.alias_info is not None and ret.alias_info.is_write
+                for s in ret.alias_info.after_set}
+    for arg, value in zip(schema.arguments, node.args):
+        info = arg.alias_info
+        if info is not None and info.is_write and returned & set(info.before_set) and isinstance(value, fx.Node):
+            return value
     return None
 
 

@@ -2,7 +2,7 @@
 
 Schema (``format`` and ``version`` identify it)::
 
-    {"format": "acplanner-plan", "version": 1,
+    {"format": "acplanner-plan", "version": 2,
      "fingerprint": "<graph hash>", "settings": {"memory_budget": ..., "solver": ..., "estimator": ...},
      "decision": {...Decision.to_dict()...}, "predicted": {...}}
 
@@ -23,7 +23,7 @@ from planner.errors import PlanFileError
 
 __all__ = ["PlanFile", "read_plan_file", "write_plan_file", "FORMAT", "VERSION"]
 
-FORMAT, VERSION = "acplanner-plan", 1
+FORMAT, VERSION = "acplanner-plan", 2  # 2: budgets bound peak memory
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from functools import cached_property
 import numpy as np
 
 from planner.errors import PlannerError
+from planner.schedule import Profile, Schedule, profile
 
-__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names"]
+__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "memory_profile"]
 
 
 class InfeasibleDecision(PlannerError):
@@ -38,6 +39,8 @@ class Problem:
     needed : the backward reads the node directly.
     input_ptr, input_idx : CSR adjacency, the forward-region inputs of node i are
         ``input_idx[input_ptr[i]:input_ptr[i+1]]`` (primals are always available and not listed).
+    schedule : lifetimes over the step, for peak memory (:mod:`planner.schedule`). Without one,
+        a single backward step reads every needed node, so a plan's peak is its saved bytes.
     """
 
     names: tuple[str, ...]
@@ -53,6 +56,7 @@ class Problem:
     must_save_reason: dict[int, str] = field(default_factory=dict)
     targets: tuple[str, ...] = ()
     fingerprint: str = ""
+    schedule: Schedule | None = None
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -67,6 +71,9 @@ class Problem:
         if blocked.any():
             i = int(np.flatnonzero(blocked)[0])
             raise ValueError(f"node {self.names[i]} is needed by the backward but can be neither saved nor recomputed")
+        if self.schedule is None:
+            object.__setattr__(self, "schedule", Schedule.saved_bytes_only(self.needed))
+        self.schedule.check(n)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -99,13 +106,15 @@ class Evaluation:
     """What a set of saved nodes costs.
 
     ``saved`` is pruned to the nodes the backward actually reads (directly, or as inputs of a
-    recomputation); ``memory_bytes`` counts them plus one RNG state per recomputed random node.
+    recomputation); ``memory_bytes`` counts them plus one RNG state per recomputed random node;
+    ``peak_bytes`` is the plan's peak memory over the step (:func:`memory_profile`).
     """
 
     saved: np.ndarray
     recomputed: np.ndarray
     memory_bytes: int
     recompute_seconds: float
+    peak_bytes: int
 
 
 def evaluate(problem: Problem, saved: np.ndarray) -> Evaluation:
@@ -144,8 +153,23 @@ def evaluate(problem: Problem, saved: np.ndarray) -> Evaluation:
                 )
             recomputed[i] = True
             stack.extend(inputs[i])
-    memory = int(problem.nbytes[used].sum()) + problem.rng_state_bytes * int((recomputed & problem.random).sum())
-    return Evaluation(used, recomputed, memory, float(problem.runtime[recomputed].sum()))
+    memory = int(problem.nbytes[used].sum()) + _rng_bytes(problem, recomputed)
+    peak = _profile(problem, used, recomputed).peak
+    return Evaluation(used, recomputed, memory, float(problem.runtime[recomputed].sum()), peak)
+
+
+def memory_profile(problem: Problem, plan: Evaluation) -> Profile:
+    """Memory at every forward and backward step of an evaluated plan, bytes."""
+    return _profile(problem, plan.saved, plan.recomputed)
+
+
+def _rng_bytes(problem: Problem, recomputed: np.ndarray) -> int:
+    return problem.rng_state_bytes * int((recomputed & problem.random).sum())
+
+
+def _profile(problem: Problem, saved: np.ndarray, recomputed: np.ndarray) -> Profile:
+    rng = _rng_bytes(problem, recomputed)
+    return profile(problem.schedule, problem.inputs, problem.nbytes, saved, recomputed, rng)
 
 
 def evaluate_names(problem: Problem, saved: Iterable[str]) -> Evaluation:

@@ -8,12 +8,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from planner.bounds import min_memory_plan, runtime_optimal_plan
+from planner.bounds import runtime_optimal_plan
 from planner.decision import Decision, Status
 from planner.errors import ConfigError, InfeasibleBudget, SolverError
 from planner.problem import Evaluation, Problem, evaluate
+from solvers.frugal import min_peak_plan
 
-__all__ = ["Solver", "Solution", "relative_gap"]
+__all__ = ["Solver", "CapacitySolver", "Solution", "relative_gap"]
 
 
 def relative_gap(found: float, bound: float | None) -> float | None:
@@ -34,11 +35,12 @@ class Solution:
 
 
 class Solver(ABC):
-    """Chooses the saved set of a :class:`Problem` under a memory budget in bytes.
+    """Chooses the saved set of a :class:`Problem` under a peak-memory budget in bytes.
 
-    Subclasses implement :meth:`_solve` for budgets strictly between the most frugal and the
-    runtime-optimal plan; :meth:`solve` handles both ends, the budget checks, timing and the
-    evaluation of the answer, so every solver reports its figures the same way.
+    The budget bounds the plan's peak memory over the step (:func:`planner.problem.memory_profile`).
+    Subclasses implement :meth:`_solve` for budgets strictly between the peaks of the most
+    frugal and the runtime-optimal plan; :meth:`solve` handles both ends, the budget checks,
+    timing and the evaluation of the answer, so every solver reports its figures the same way.
 
     Parameters
     ----------
@@ -59,30 +61,30 @@ class Solver(ABC):
         return value
 
     def solve(self, problem: Problem, budget_bytes: int) -> Decision:
-        """Return a feasible decision whose memory is at most ``budget_bytes``.
+        """Return a feasible decision whose peak memory is at most ``budget_bytes``.
 
         Raises
         ------
         InfeasibleBudget
-            If the budget is below the most frugal plan's memory; it carries that memory.
+            If the budget is below the most frugal plan's peak; it carries that peak.
         SolverError
             If the back end fails to produce a plan within the budget.
         """
         start = time.perf_counter()
         deadline = time.monotonic() + self.time_limit  # the limit covers the whole solve
-        frugal = min_memory_plan(problem)
-        if budget_bytes < frugal.memory_bytes:
-            raise InfeasibleBudget(budget_bytes, frugal.memory_bytes)
+        frugal = min_peak_plan(problem, self.time_limit).plan
+        if budget_bytes < frugal.peak_bytes:
+            raise InfeasibleBudget(budget_bytes, frugal.peak_bytes)
         fast = runtime_optimal_plan(problem)
-        if budget_bytes >= fast.memory_bytes:
+        if budget_bytes >= fast.peak_bytes:
             status = Status.OPTIMAL if fast.recompute_seconds == 0 else Status.HEURISTIC
             solution = Solution(fast.saved, status, 0.0 if status == Status.OPTIMAL else None)
         else:
             solution = self._solve(problem, int(budget_bytes), frugal, fast, deadline)
         result = evaluate(problem, solution.saved)
-        if result.memory_bytes > budget_bytes:
+        if result.peak_bytes > budget_bytes:
             raise SolverError(
-                f"solver {self.name} returned a plan of {result.memory_bytes} bytes over the budget of "
+                f"solver {self.name} returned a plan of peak {result.peak_bytes} bytes over the budget of "
                 f"{budget_bytes} bytes; this is a bug in the solver, please report it"
             )
         return Decision(
@@ -90,6 +92,7 @@ class Solver(ABC):
             solver=self.name,
             budget_bytes=int(budget_bytes),
             memory_bytes=result.memory_bytes,
+            peak_bytes=result.peak_bytes,
             recompute_seconds=result.recompute_seconds,
             status=solution.status,
             gap=solution.gap,
@@ -101,7 +104,45 @@ class Solver(ABC):
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
-        """Solve for a budget with ``frugal.memory_bytes <= budget_bytes < fast.memory_bytes``.
+        """Solve for a budget with ``frugal.peak_bytes <= budget_bytes < fast.peak_bytes``.
 
-        ``deadline`` is a ``time.monotonic()`` instant: return the best plan found by then.
+        ``frugal`` is the least-peak plan, ``fast`` the runtime-optimal one. ``deadline`` is a
+        ``time.monotonic()`` instant: return the best plan found by then.
         """
+
+
+class CapacitySolver(Solver):
+    """A solver whose plans are chosen under a capacity of saved bytes (a knapsack).
+
+    The peak budget is met by searching the capacity between the frugal plan's saved bytes
+    (whose plan fits by construction) and the runtime-optimal plan's: bisection on "the plan
+    at this capacity fits the peak budget". Peak memory is not always monotone in the
+    capacity, so the fastest fitting plan seen is kept, and ``stats`` records the search.
+    """
+
+    def _solve(
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+    ) -> Solution:
+        lo, hi = frugal.memory_bytes, fast.memory_bytes
+        best, best_plan, tries = Solution(frugal.saved, Status.HEURISTIC), frugal, 0
+        while hi - lo > max(1, (fast.memory_bytes - frugal.memory_bytes) >> 12) and tries < 24:
+            if time.monotonic() > deadline:
+                break
+            mid = (lo + hi) // 2
+            candidate = self._solve_capacity(problem, mid, frugal, fast, deadline)
+            plan = evaluate(problem, candidate.saved)
+            tries += 1
+            if plan.peak_bytes <= budget_bytes:
+                lo = mid
+                if plan.recompute_seconds < best_plan.recompute_seconds:
+                    best, best_plan = candidate, plan
+            else:
+                hi = mid
+        best.stats.update({"capacity_bytes": int(lo), "capacity_tries": tries})
+        return best
+
+    @abstractmethod
+    def _solve_capacity(
+        self, problem: Problem, capacity_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+    ) -> Solution:
+        """A plan whose saved bytes (RNG states included) are at most ``capacity_bytes``."""

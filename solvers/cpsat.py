@@ -1,19 +1,21 @@
 """The graph model of :mod:`solvers.graph_model` solved by OR-Tools CP-SAT, multi-threaded."""
 from __future__ import annotations
 
+import math
 import os
 import time
 
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner.decision import Status
 from planner.errors import SolverError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver, relative_gap
-from solvers.graph_model import GraphModel, build_graph_model, tie_broken_objective
+from solvers.graph_model import GraphModel
+from solvers.ilp import Answer, within_peak
+from solvers.peak_rows import Limit
 
-__all__ = ["CPSATSolver"]
+__all__ = ["CPSATSolver", "run_cpsat"]
 
 # CP-SAT needs integer weights: the objective of the ilp solver, times this, rounded.
 OBJECTIVE_SCALE = 1e8
@@ -43,40 +45,64 @@ class CPSATSolver(Solver):
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
-        model = build_graph_model(problem, budget_bytes)
-        cp, x = _to_cp_model(model)
-        cp.Minimize(sum(int(w) * x[k] for k, w in enumerate(_integer_weights(model)) if w))
-        for k, value in enumerate(model.vector(frugal.saved, frugal.recomputed)):
-            cp.AddHint(x[k], int(value))
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(0.1, deadline - time.monotonic())
-        solver.parameters.num_workers = self.workers
-        solver.parameters.relative_gap_limit = 0.0
-        status = solver.Solve(cp)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            raise SolverError(
-                f"cpsat found no feasible plan within its time limit of {self.time_limit:g} s "
-                f"(status {solver.StatusName(status)}); raise time_limit"
-            )
-        values = np.array([solver.Value(v) for v in x], dtype=float)
-        optimal = status == cp_model.OPTIMAL
-        gap = 0.0 if optimal else relative_gap(solver.ObjectiveValue(), solver.BestObjectiveBound())
-        stats = {"workers": self.workers, "variables": model.num_vars, "branches": solver.NumBranches()}
-        return Solution(model.saved_mask(values), Status.OPTIMAL if optimal else Status.FEASIBLE, gap, stats)
+        hint = (frugal.saved, frugal.recomputed)
+        solution = within_peak(problem, budget_bytes, frugal, deadline,
+                               lambda model, objective: self._run(model, objective, hint, deadline))
+        solution.stats["workers"] = self.workers
+        return solution
+
+    def _run(self, model: GraphModel, objective: np.ndarray, hint, deadline: float) -> Answer:
+        return run_cpsat(model, objective, hint, deadline, self.workers)
 
 
-def _integer_weights(model: GraphModel) -> np.ndarray:
-    return np.rint(tie_broken_objective(model) * OBJECTIVE_SCALE).astype(np.int64)
+def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint, deadline: float, workers: int,
+              peak: Limit | None = None) -> Answer:
+    """Solve one graph model with CP-SAT, hinted with a plan ``(saved, recomputed)``.
+
+    With ``peak`` (a limit with a column), that column becomes a whole number of bytes and is
+    the objective; otherwise ``objective`` is scaled to integers.
+    """
+    cp, x, peak_bytes = _to_cp_model(model, peak)
+    if peak_bytes is not None:
+        cp.Minimize(peak_bytes)
+    else:
+        weights = np.rint(objective * OBJECTIVE_SCALE).astype(np.int64)
+        cp.Minimize(sum(int(w) * x[k] for k, w in enumerate(weights) if w))
+    start = model.vector(*hint)
+    for k in np.flatnonzero(model.integral):
+        cp.AddHint(x[k], int(start[k]))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, deadline - time.monotonic())
+    solver.parameters.num_workers = workers
+    solver.parameters.relative_gap_limit = 0.0
+    status = solver.Solve(cp)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status == cp_model.INFEASIBLE:
+            raise SolverError("cpsat proved the memory rows infeasible; this is a bug in the model, please report it")
+        return Answer(None, False, None)
+    values = np.array([solver.Value(v) for v in x], dtype=float)
+    if peak_bytes is not None:
+        values[peak.col] = solver.Value(peak_bytes) / peak.span
+    optimal = status == cp_model.OPTIMAL
+    gap = 0.0 if optimal else relative_gap(solver.ObjectiveValue(), solver.BestObjectiveBound())
+    return Answer(values, optimal, gap)
 
 
-def _to_cp_model(model: GraphModel) -> tuple[cp_model.CpModel, list]:
-    """One Boolean per variable; each row as a linear constraint with integer coefficients."""
+def _to_cp_model(model: GraphModel, peak: Limit | None = None) -> tuple[cp_model.CpModel, list, object]:
+    """One Boolean per variable (continuous ones are pinned to 0/1 by their rows); each row as a
+    linear constraint, memory rows scaled from MiB back to whole bytes. A peak column becomes a
+    whole number of bytes in ``[0, span]``, returned third (None without one)."""
     cp = cp_model.CpModel()
     x = [cp.NewBoolVar(f"x{k}") for k in range(model.num_vars)]
-    for cols, coefs, lower, upper in model.constraints():
-        expr = sum(int(c) * x[k] for k, c in zip(cols, coefs))
+    peak_bytes = None
+    if peak is not None:
+        peak_bytes = cp.NewIntVar(0, int(math.ceil(peak.span)), "peak_bytes")
+        x[peak.col] = peak_bytes
+    for cols, coefs, lower, upper in model.constraints(whole=True):
+        expr = sum(int(round(c / (peak.span if peak is not None and k == peak.col else 1.0))) * x[k]
+                   for k, c in zip(cols, coefs))
         if lower is not None:
-            cp.Add(expr >= int(lower))
+            cp.Add(expr >= math.ceil(lower - 1e-6))
         if upper is not None:
-            cp.Add(expr <= int(upper))
-    return cp, x
+            cp.Add(expr <= math.floor(upper + 1e-6))
+    return cp, x, peak_bytes

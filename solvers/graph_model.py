@@ -4,31 +4,34 @@ Variables, one per relevant node where meaningful: ``saved[v]`` (v owns storage)
 ``recomputed[v]`` (v may be re-run). Rows:
 
 * every value the backward reads is saved or recomputed: ``saved[v] + recomputed[v] >= 1``;
-* recomputing a node needs each input saved or recomputed: ``recomputed[v] <= saved[u] + recomputed[u]``;
-* the saved bytes plus one RNG state per recomputed random op fit the budget.
+* recomputing a node needs each input saved or recomputed: ``recomputed[v] <= saved[u] + recomputed[u]``.
 
-The objective is the recompute runtime. Nodes that are neither read by the backward nor
-ancestors of such a node are left out. The model is plain scipy/numpy data; each back end
-(HiGHS, CBC, CP-SAT) translates it.
+Memory rows (the plan's memory at chosen steps of the training step, within the budget) are
+added by :mod:`solvers.peak_rows`, with continuous helper variables. The objective is the
+recompute runtime. Nodes that are neither read by the backward nor ancestors of such a node
+are left out. The model is plain scipy/numpy data; each back end (HiGHS, CBC, CP-SAT)
+translates it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
 
 from planner.problem import Problem
 
-__all__ = ["GraphModel", "build_graph_model", "tie_broken_objective", "MEMORY_TIE_BREAK"]
+__all__ = ["GraphModel", "RowBuilder", "build_graph_model", "tie_broken_objective", "MEMORY_TIE_BREAK"]
 
 
 @dataclass(frozen=True)
 class GraphModel:
-    """``lower <= rows @ x <= upper`` over binary ``x``; the last row is the budget.
+    """``lower <= rows @ x <= upper``, ``0 <= x <= 1``, x integral where ``integral``.
 
-    ``runtime`` and ``memory`` are objective vectors over x (seconds, bytes); ``saved_var[i]``
-    is node i's saved variable or -1.
+    ``runtime`` and ``memory`` are objective vectors over x (seconds, saved bytes);
+    ``saved_var[i]`` and ``recomputed_var[i]`` are node i's variables or -1. Continuous
+    variables only appear in memory rows, where their bounds pin them to 0 or 1 once the
+    binaries are fixed.
     """
 
     rows: sp.csr_matrix
@@ -38,19 +41,25 @@ class GraphModel:
     memory: np.ndarray
     saved_var: np.ndarray
     recomputed_var: np.ndarray
+    integral: np.ndarray
+    row_unit: np.ndarray  # bytes per unit of each row (memory rows: a power of two; others 1)
 
     @property
     def num_vars(self) -> int:
         return self.rows.shape[1]
 
-    def constraints(self):
-        """Each row as ``(columns, coefficients, lower, upper)``; infinite bounds are None."""
+    def constraints(self, whole: bool = False):
+        """Each row as ``(columns, coefficients, lower, upper)``; infinite bounds are None.
+
+        With ``whole``, memory rows are scaled back to bytes (whole numbers).
+        """
         rows = self.rows
         for r in range(rows.shape[0]):
             lo, hi = rows.indptr[r], rows.indptr[r + 1]
-            yield (rows.indices[lo:hi], rows.data[lo:hi],
-                   float(self.lower[r]) if np.isfinite(self.lower[r]) else None,
-                   float(self.upper[r]) if np.isfinite(self.upper[r]) else None)
+            unit = float(self.row_unit[r]) if whole else 1.0
+            yield (rows.indices[lo:hi], rows.data[lo:hi] * unit,
+                   float(self.lower[r]) * unit if np.isfinite(self.lower[r]) else None,
+                   float(self.upper[r]) * unit if np.isfinite(self.upper[r]) else None)
 
     def saved_mask(self, x: np.ndarray) -> np.ndarray:
         """Node mask of saved nodes from a (possibly fractional-noise) solution vector."""
@@ -60,7 +69,7 @@ class GraphModel:
         return mask
 
     def vector(self, saved: np.ndarray, recomputed: np.ndarray) -> np.ndarray:
-        """The solution vector of a plan given as node masks (for warm starts)."""
+        """The binary part of the solution vector of a plan given as node masks (warm starts)."""
         x = np.zeros(self.num_vars)
         for var, mask in ((self.saved_var, saved), (self.recomputed_var, recomputed)):
             has = (var >= 0) & mask
@@ -68,48 +77,80 @@ class GraphModel:
         return x
 
 
-def build_graph_model(problem: Problem, budget_bytes: int) -> GraphModel:
+@dataclass
+class RowBuilder:
+    """Rows and variables added one at a time, then frozen into a :class:`GraphModel`."""
+
+    num_vars: int = 0
+    integral: list = field(default_factory=list)
+    row_ids: list = field(default_factory=list)
+    col_ids: list = field(default_factory=list)
+    coefs: list = field(default_factory=list)
+    lower: list = field(default_factory=list)
+    upper: list = field(default_factory=list)
+    unit: list = field(default_factory=list)
+
+    def add_vars(self, count: int, integral: bool) -> np.ndarray:
+        first = self.num_vars
+        self.num_vars += count
+        self.integral.extend([integral] * count)
+        return np.arange(first, self.num_vars)
+
+    def add_row(self, cols, vals, lo: float, hi: float, unit: float = 1.0) -> None:
+        row = len(self.lower)
+        self.unit.append(unit)
+        self.row_ids.extend([row] * len(cols))
+        self.col_ids.extend(cols)
+        self.coefs.extend(vals)
+        self.lower.append(lo)
+        self.upper.append(hi)
+
+    def copy(self) -> "RowBuilder":
+        return RowBuilder(self.num_vars, *(list(getattr(self, f)) for f in
+                                           ("integral", "row_ids", "col_ids", "coefs", "lower", "upper", "unit")))
+
+    def freeze(self, base: "GraphModel") -> GraphModel:
+        """The model with these rows and variables, objectives and node maps taken from ``base``."""
+        rows = sp.csr_matrix((self.coefs, (self.row_ids, self.col_ids)), shape=(len(self.lower), self.num_vars))
+        pad = self.num_vars - len(base.runtime)
+        return GraphModel(
+            rows, np.array(self.lower, dtype=float), np.array(self.upper, dtype=float),
+            np.pad(base.runtime, (0, pad)), np.pad(base.memory, (0, pad)),
+            base.saved_var, base.recomputed_var, np.array(self.integral, dtype=bool), np.array(self.unit, dtype=float),
+        )
+
+
+def build_graph_model(problem: Problem) -> tuple[GraphModel, RowBuilder]:
+    """The binaries and the availability rows; memory rows go on the returned builder."""
     relevant = _relevant(problem)
     saved_var = np.full(len(problem), -1, dtype=np.int64)
     recomputed_var = np.full(len(problem), -1, dtype=np.int64)
     s_nodes = np.flatnonzero(relevant & problem.saveable)
     r_nodes = np.flatnonzero(relevant & problem.recomputable)
-    saved_var[s_nodes] = np.arange(len(s_nodes))
-    recomputed_var[r_nodes] = len(s_nodes) + np.arange(len(r_nodes))
-    n_vars = len(s_nodes) + len(r_nodes)
-
-    row_ids, col_ids, coefs, lower, upper = [], [], [], [], []
-
-    def add_row(cols, vals, lo, hi):
-        row = len(lower)
-        row_ids.extend([row] * len(cols))
-        col_ids.extend(cols)
-        coefs.extend(vals)
-        lower.append(lo)
-        upper.append(hi)
+    build = RowBuilder()
+    saved_var[s_nodes] = build.add_vars(len(s_nodes), integral=True)
+    recomputed_var[r_nodes] = build.add_vars(len(r_nodes), integral=True)
 
     def available(i):
         return [v for v in (saved_var[i], recomputed_var[i]) if v >= 0]
 
     for i in np.flatnonzero(relevant & problem.needed):
         cols = available(i)
-        add_row(cols, [1.0] * len(cols), 1.0, np.inf)
+        build.add_row(cols, [1.0] * len(cols), 1.0, np.inf)
     for i in r_nodes:
         for j in problem.inputs[i]:
             cols = available(j)
-            add_row([recomputed_var[i], *cols], [1.0] + [-1.0] * len(cols), -np.inf, 0.0)
+            build.add_row([recomputed_var[i], *cols], [1.0] + [-1.0] * len(cols), -np.inf, 0.0)
 
-    memory = np.zeros(n_vars)
+    memory = np.zeros(build.num_vars)
     memory[saved_var[s_nodes]] = problem.nbytes[s_nodes]
     random = r_nodes[problem.random[r_nodes]]
     memory[recomputed_var[random]] = problem.rng_state_bytes
-    nz = np.flatnonzero(memory)
-    add_row(nz.tolist(), memory[nz].tolist(), -np.inf, float(budget_bytes))
-
-    runtime = np.zeros(n_vars)
+    runtime = np.zeros(build.num_vars)
     runtime[recomputed_var[r_nodes]] = problem.runtime[r_nodes]
-    rows = sp.csr_matrix((coefs, (row_ids, col_ids)), shape=(len(lower), n_vars))
-    return GraphModel(rows, np.array(lower), np.array(upper), runtime, memory, saved_var, recomputed_var)
+    base = GraphModel(sp.csr_matrix((0, build.num_vars)), np.zeros(0), np.zeros(0), runtime, memory,
+                      saved_var, recomputed_var, np.ones(build.num_vars, dtype=bool), np.zeros(0))
+    return base, build
 
 
 def _relevant(problem: Problem) -> np.ndarray:

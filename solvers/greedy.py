@@ -5,13 +5,13 @@ import numpy as np
 
 from planner.decision import Status
 from planner.problem import Evaluation, Problem
-from solvers.base import Solution, Solver
+from solvers.base import CapacitySolver, Solution
 from solvers.knapsack_items import knapsack_items
 
 __all__ = ["GreedySolver"]
 
 
-class GreedySolver(Solver):
+class GreedySolver(CapacitySolver):
     """Take items in order of value per byte and stop at the first that does not fit.
 
     Stopping (rather than skipping to smaller items) makes plans nested: a larger budget saves a
@@ -22,13 +22,13 @@ class GreedySolver(Solver):
 
     name = "greedy"
 
-    def _solve(
-        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+    def _solve_capacity(
+        self, problem: Problem, capacity_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
         items = knapsack_items(problem, frugal)
         density = items.value / np.maximum(items.weight, 1)
         order = np.argsort(-density, kind="stable")
-        room = budget_bytes - frugal.memory_bytes
+        room = capacity_bytes - frugal.memory_bytes
         fits = np.cumsum(items.weight[order]) <= room
         taken = order[: int(np.argmin(fits)) if not fits.all() else len(order)]
         saved = frugal.saved.copy()

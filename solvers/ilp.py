@@ -14,12 +14,13 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from planner.decision import Status
-from planner.errors import ConfigError, SolverError
-from planner.problem import Evaluation, Problem
+from planner.errors import ConfigError
+from planner.problem import Evaluation, Problem, evaluate
 from solvers.base import Solution, Solver, relative_gap
 from solvers.graph_model import GraphModel, build_graph_model, tie_broken_objective
+from solvers.peak_rows import Round, solve_within_peak
 
-__all__ = ["ILPSolver", "BACKENDS", "lp_bound"]
+__all__ = ["ILPSolver", "BACKENDS", "lp_bound", "solve_highs", "to_round", "within_peak"]
 
 
 @dataclass
@@ -58,30 +59,52 @@ class ILPSolver(Solver):
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
-        model = build_graph_model(problem, budget_bytes)
-        answer = BACKENDS[self.backend](model, tie_broken_objective(model), deadline)
-        if answer.x is None:
-            raise SolverError(
-                f"ilp ({self.backend}) found no feasible plan within its time limit of {self.time_limit:g} s; "
-                f"raise time_limit"
-            )
-        stats = {"backend": self.backend, "variables": model.num_vars, "constraints": model.rows.shape[0]}
-        status = Status.OPTIMAL if answer.optimal else Status.FEASIBLE
-        return Solution(model.saved_mask(answer.x), status, 0.0 if answer.optimal else answer.gap, stats)
+        backend = BACKENDS[self.backend]
+        solution = within_peak(problem, budget_bytes, frugal, deadline,
+                               lambda model, objective: backend(model, objective, deadline))
+        solution.stats["backend"] = self.backend
+        return solution
+
+
+def within_peak(problem: Problem, budget_bytes: int, frugal: Evaluation, deadline: float, run) -> Solution:
+    """The least-runtime plan whose peak fits, by :func:`solvers.peak_rows.solve_within_peak`.
+
+    ``run(model, objective)`` solves one program and returns an :class:`Answer`. If the time
+    limit passes before a plan within the budget is found, the most frugal plan (which fits by
+    construction) is returned with status ``feasible`` and no gap, and ``stats`` says so.
+    """
+    base, build = build_graph_model(problem)
+    objective = tie_broken_objective(base)
+
+    def solve(model, limit):
+        return to_round(problem, model, run(model, np.pad(objective, (0, model.num_vars - len(objective)))))
+
+    result, stats = solve_within_peak(problem, base, build, solve, deadline, limit_bytes=budget_bytes)
+    if result.plan is None or result.plan.peak_bytes > budget_bytes:
+        stats["answer"] = "most frugal plan: the time limit passed before a plan within the budget was found"
+        return Solution(frugal.saved, Status.FEASIBLE, None, stats)
+    status = Status.OPTIMAL if result.optimal else Status.FEASIBLE
+    return Solution(result.plan.saved, status, 0.0 if result.optimal else result.gap, stats)
+
+
+def to_round(problem: Problem, model: GraphModel, answer: "Answer") -> Round:
+    plan = evaluate(problem, model.saved_mask(answer.x)) if answer.x is not None else None
+    return Round(plan, answer.x, answer.optimal, answer.gap)
 
 
 def solve_highs(model: GraphModel, objective: np.ndarray, deadline: float) -> Answer:
     """HiGHS branch-and-cut through ``scipy.optimize.milp``, to zero relative gap."""
     result = milp(
         objective,
-        integrality=np.ones(model.num_vars),
+        integrality=model.integral.astype(int),
         bounds=Bounds(0, 1),
         constraints=LinearConstraint(model.rows, model.lower, model.upper),
         options={"time_limit": max(0.1, deadline - time.monotonic()), "mip_rel_gap": 0.0, "disp": False},
     )
     if result.x is None:
         return Answer(None, False, None)
-    return Answer(np.round(result.x), result.status == 0, getattr(result, "mip_gap", None))
+    x = np.where(model.integral, np.round(result.x), result.x)
+    return Answer(x, result.status == 0, getattr(result, "mip_gap", None))
 
 
 def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answer:
@@ -89,7 +112,8 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
     import pulp
 
     lp = pulp.LpProblem("activation_checkpointing", pulp.LpMinimize)
-    x = [pulp.LpVariable(f"x{k}", cat="Binary") for k in range(model.num_vars)]
+    x = [pulp.LpVariable(f"x{k}", 0, 1, cat="Integer" if integral else "Continuous")
+         for k, integral in enumerate(model.integral)]
     lp += pulp.lpSum(float(c) * x[k] for k, c in enumerate(objective) if c)
     for cols, coefs, lower, upper in model.constraints():
         expr = pulp.lpSum(float(c) * x[k] for k, c in zip(cols, coefs))
@@ -101,7 +125,8 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
     lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=1, gapRel=0.0))
     if lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return Answer(None, False, None)
-    values = np.round(np.array([v.varValue or 0.0 for v in x]))
+    values = np.array([v.varValue or 0.0 for v in x])
+    values = np.where(model.integral, np.round(values), values)
     optimal = lp.sol_status == pulp.LpSolutionOptimal
     return Answer(values, optimal, None if optimal else relative_gap(float(objective @ values), lp_bound(model, objective)))
 

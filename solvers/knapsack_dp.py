@@ -7,13 +7,13 @@ import numpy as np
 
 from planner.decision import Status
 from planner.problem import Evaluation, Problem
-from solvers.base import Solution, Solver
+from solvers.base import CapacitySolver, Solution
 from solvers.knapsack_items import fractional_upper_bound, knapsack_items
 
 __all__ = ["DPSolver"]
 
 
-class DPSolver(Solver):
+class DPSolver(CapacitySolver):
     """Exact 0/1 knapsack on weights rounded *up* to a quantum of bytes.
 
     The quantum is ``(runtime-optimal memory - frugal memory) / resolution``, the same for every
@@ -36,12 +36,12 @@ class DPSolver(Solver):
         super().__init__(time_limit)
         self.resolution = self._positive_int("resolution", resolution)
 
-    def _solve(
-        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+    def _solve_capacity(
+        self, problem: Problem, capacity_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
         items = knapsack_items(problem, frugal)
         quantum = max(1, -(-(fast.memory_bytes - frugal.memory_bytes) // self.resolution))
-        capacity = budget_bytes - frugal.memory_bytes
+        capacity = capacity_bytes - frugal.memory_bytes
         weights = -(-items.weight // quantum)  # ceil: never under-count a weight
         slots = capacity // quantum
         chosen, timed_out = _knapsack(weights, items.value, slots, deadline)

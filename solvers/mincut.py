@@ -49,14 +49,15 @@ class MinCutSolver(Solver):
         # either finds a plan below the segment joining them (which replaces one end) or proves
         # the segment is an edge of the lower convex hull, whose fitting end is the answer.
         fits, over, bound, cuts = frugal, fast, 0.0, 0
-        while cuts < self.iterations and time.monotonic() < deadline and fits.recompute_seconds > over.recompute_seconds:
+        while (cuts < self.iterations and time.monotonic() < deadline and fits.recompute_seconds > over.recompute_seconds
+               and over.memory_bytes > fits.memory_bytes):
             lam = (over.memory_bytes - fits.memory_bytes) / (fits.recompute_seconds - over.recompute_seconds)
             plan, value = self._cut(problem, lam)
             cuts += 1
             bound = max(bound, (value - budget_bytes - rounding) / lam)
             if value >= fits.memory_bytes + lam * fits.recompute_seconds - rounding - 1:
                 break  # nothing below the segment: it is a hull edge
-            if plan.memory_bytes <= budget_bytes:
+            if plan.peak_bytes <= budget_bytes:
                 fits = plan
             else:
                 over = plan

@@ -7,10 +7,15 @@ import numpy as np
 from hypothesis import strategies as st
 
 from planner.problem import InfeasibleDecision, Problem, evaluate
+from planner.schedule import Schedule
 
 
-def random_problem(seed: int, n: int) -> Problem:
-    """A random DAG in topological order: some views, random ops, side effects and needed nodes."""
+def random_problem(seed: int, n: int, timed: bool = False) -> Problem:
+    """A random DAG in topological order: some views, random ops, side effects and needed nodes.
+
+    With ``timed``, a random schedule (backward reads, transients, backward memory) makes peak
+    memory differ from saved bytes; without, the peak is the saved bytes.
+    """
     rng = np.random.default_rng(seed)
     ptr, idx = [0], []
     for i in range(n):
@@ -22,9 +27,10 @@ def random_problem(seed: int, n: int) -> Problem:
     needed = rng.random(n) < 0.35
     needed[-1] = True
     saveable = ~view | ~recomputable  # a node that cannot be recomputed owns its storage
+    nbytes = np.where(saveable, rng.integers(1, 100, n), 0).astype(np.int64)
     return Problem(
         names=tuple(f"n{i}" for i in range(n)),
-        nbytes=np.where(saveable, rng.integers(1, 100, n), 0).astype(np.int64),
+        nbytes=nbytes,
         runtime=np.where(view, 0.0, rng.integers(1, 50, n) / 10.0),
         saveable=saveable,
         recomputable=recomputable,
@@ -33,33 +39,50 @@ def random_problem(seed: int, n: int) -> Problem:
         input_ptr=np.array(ptr, dtype=np.int64),
         input_idx=np.array(idx, dtype=np.int64),
         rng_state_bytes=int(rng.integers(1, 20)),
+        schedule=_random_schedule(rng, nbytes, needed) if timed else None,
+    )
+
+
+def _random_schedule(rng: np.random.Generator, nbytes: np.ndarray, needed: np.ndarray) -> Schedule:
+    n, steps = len(nbytes), int(rng.integers(2, 7))
+    first = np.where(needed, rng.integers(0, steps, n), steps)
+    return Schedule(
+        owner=np.arange(n, dtype=np.int64),
+        transient=np.where(rng.random(n) < 0.7, nbytes, 0).astype(np.int64),
+        copy_bytes=np.where(rng.random(n) < 0.8, nbytes, 0).astype(np.int64),
+        fwd_last=np.array([int(rng.integers(i, n)) for i in range(n)], dtype=np.int64),
+        first_read=first.astype(np.int64),
+        last_read=np.where(needed, np.maximum(first, rng.integers(0, steps, n)), -1).astype(np.int64),
+        held=np.zeros(n, dtype=bool),
+        base=rng.integers(0, 150, steps).astype(np.int64),
+        step_names=tuple(f"b{t}" for t in range(steps)),
     )
 
 
 problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 14))
+timed_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True))
 
 
-def brute_force(problem: Problem, budget: int):
-    """Least recompute seconds over every saved set within the budget (None if none fits)."""
-    best = None
+def all_plans(problem: Problem):
+    """Every feasible saved set, evaluated."""
     saveable = np.flatnonzero(problem.saveable)
     for r in range(len(saveable) + 1):
         for subset in itertools.combinations(saveable, r):
             try:
-                result = evaluate(problem, problem.mask(subset))
+                yield evaluate(problem, problem.mask(subset))
             except InfeasibleDecision:
                 continue
-            if result.memory_bytes <= budget and (best is None or result.recompute_seconds < best.recompute_seconds):
-                best = result
-    return best
+
+
+def brute_force(problem: Problem, budget: int):
+    """Least recompute seconds over every saved set whose peak fits the budget (None if none)."""
+    fitting = [p for p in all_plans(problem) if p.peak_bytes <= budget]
+    return min(fitting, key=lambda p: p.recompute_seconds, default=None)
 
 
 def brute_force_min_memory(problem: Problem) -> int:
-    memories = []
-    for r in range(int(problem.saveable.sum()) + 1):
-        for subset in itertools.combinations(np.flatnonzero(problem.saveable), r):
-            try:
-                memories.append(evaluate(problem, problem.mask(subset)).memory_bytes)
-            except InfeasibleDecision:
-                pass
-    return min(memories)
+    return min(p.memory_bytes for p in all_plans(problem))
+
+
+def brute_force_min_peak(problem: Problem) -> int:
+    return min(p.peak_bytes for p in all_plans(problem))

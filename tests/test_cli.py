@@ -21,11 +21,11 @@ def test_plan_prints_the_summary_and_writes_the_plan(tmp_path, capsys):
 
 
 def test_compare_writes_table_and_plot(tmp_path, capsys):
-    code = cli.main(["compare", "tests.test_cli:tiny_gpt", "--budgets", "1", "0", "--solvers", "greedy", "ilp",
+    code = cli.main(["compare", "tests.test_cli:tiny_gpt", "--budgets", "1", "0", "--solvers", "greedy", "cpsat",
                      "--out-dir", str(tmp_path)])
     assert code == 0
     table = (tmp_path / "compare.md").read_text()
-    assert table.count("| greedy |") == 2 and table.count("| ilp |") == 2
+    assert table.count("| greedy |") == 2 and table.count("| cpsat |") == 2
     assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -60,8 +60,8 @@ def test_help_documents_every_option(capsys):
 
 def test_sweep_records_every_combination():
     model, inputs = MODELS["mlp"]()
-    records = sweep(model, inputs, [1.0, 0.0], ["greedy", "ilp"], ["constant", "flops"], progress=False)
+    records = sweep(model, inputs, [1.0, 0.0], ["greedy", "cpsat"], ["constant", "flops"], progress=False)
     assert {(r["solver"], r["estimator"], r["budget"]) for r in records} == {
-        (s, e, b) for s in ("greedy", "ilp") for e in ("constant", "flops") for b in (1.0, 0.0)}
+        (s, e, b) for s in ("greedy", "cpsat") for e in ("constant", "flops") for b in (1.0, 0.0)}
     assert all(r["saved_bytes"] <= r["budget_bytes"] for r in records)
     assert len(to_markdown(records).splitlines()) == 2 + len(records)

@@ -9,7 +9,7 @@ from planner.errors import ConfigError
 
 def test_defaults_are_valid():
     config = PlannerConfig()
-    assert config.budget.fraction == 1.0 and config.solver == "ilp"
+    assert config.budget.fraction == 1.0 and config.solver == "cpsat"
 
 
 def test_toml_file(tmp_path):

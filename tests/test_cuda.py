@@ -16,7 +16,7 @@ def test_gpt_on_cuda_with_inductor_trains_like_eager(budget):
         return model, batch
 
     with torch._inductor.config.patch(fallback_random=True):
-        be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=budget, solver="ilp")
+        be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=budget, solver="cpsat")
         assert_same_step(make, lambda twin, inputs: torch.compile(twin, backend=be), atol=1e-5)
     problem = be.graphs[0].problem
     assert problem.rng_state_bytes == 16

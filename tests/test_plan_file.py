@@ -7,6 +7,7 @@ import torch
 import planner
 import planner.compiler
 from planner.errors import PlanFileError
+from planner.plan_file import VERSION
 from tests.models import MODELS
 from tests.training import assert_same_step
 
@@ -16,7 +17,7 @@ EAGER = planner.PlannerConfig(codegen="eager")
 def test_plan_file_is_written_then_reused_without_solving(tmp_path, monkeypatch):
     path = tmp_path / "plan.json"
     model, inputs = MODELS["gpt"]()
-    first = planner.plan(model, inputs, memory_budget=0.5, solver="ilp", config=EAGER, plan_file=path)
+    first = planner.plan(model, inputs, memory_budget=0.5, solver="cpsat", config=EAGER, plan_file=path)
     assert json.loads(path.read_text())["fingerprint"] == first.graph_plan.fingerprint
 
     def no_solving(*args, **kwargs):
@@ -26,7 +27,7 @@ def test_plan_file_is_written_then_reused_without_solving(tmp_path, monkeypatch)
     torch._dynamo.reset()
 
     def run_planned(twin, inputs):
-        again = planner.plan(twin, inputs, memory_budget=0.5, solver="ilp", config=EAGER, plan_file=path)
+        again = planner.plan(twin, inputs, memory_budget=0.5, solver="cpsat", config=EAGER, plan_file=path)
         assert again.decision == first.decision
         return again.module
 
@@ -43,15 +44,15 @@ def test_plan_file_for_another_graph_is_refused(tmp_path):
 def test_plan_file_with_other_settings_is_refused(tmp_path):
     path = tmp_path / "plan.json"
     model, inputs = MODELS["mlp"]()
-    planner.plan(model, inputs, memory_budget=0.5, solver="ilp", config=EAGER, plan_file=path)
+    planner.plan(model, inputs, memory_budget=0.5, solver="cpsat", config=EAGER, plan_file=path)
     with pytest.raises(PlanFileError, match="was solved with .*'memory_budget': 0.5"):
-        planner.plan(model, inputs, memory_budget=0.2, solver="ilp", config=EAGER, plan_file=path)
+        planner.plan(model, inputs, memory_budget=0.2, solver="cpsat", config=EAGER, plan_file=path)
 
 
 @pytest.mark.parametrize("damage,message", [
     (lambda text: text[: len(text) // 2], "not valid JSON .* truncated"),
     (lambda text: "[1, 2]", "not an acplanner plan file"),
-    (lambda text: text.replace('"version": 1', '"version": 99'), "version 99"),
+    (lambda text: text.replace(f'"version": {VERSION}', '"version": 99'), "version 99"),
     (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "decision"}), "lacks decision"),
     (lambda text: text.replace('"saved": [', '"saved": ["no_such_node", '), "does not fit this graph.*no_such_node"),
 ])

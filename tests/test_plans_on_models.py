@@ -6,6 +6,7 @@ from estimators import available_estimators, get_estimator
 from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.build import build_problem
 from solvers import available_solvers, get_solver
+from solvers.frugal import min_peak_plan
 from tests.models import MODELS
 
 BUDGETS = [1.0, 0.8, 0.5, 0.2, 0.0]
@@ -23,26 +24,32 @@ def problem(joint):
 
 
 @pytest.mark.parametrize("solver", available_solvers())
-def test_saved_bytes_never_increase_as_the_budget_decreases(problem, solver):
+def test_every_plan_fits_its_peak_budget(problem, solver):
     decisions = [get_solver(solver).solve(problem, planner.Budget(fraction=b).resolve(problem)) for b in BUDGETS]
-    memories = [d.memory_bytes for d in decisions]
-    assert memories == sorted(memories, reverse=True)
-    assert all(d.memory_bytes <= d.budget_bytes for d in decisions)
+    assert all(d.peak_bytes <= d.budget_bytes for d in decisions)
 
 
-def test_ilp_objective_is_at_most_the_heuristics(problem):
+def test_exact_peak_never_increases_as_the_budget_decreases(problem):
+    peaks = [get_solver("cpsat").solve(problem, planner.Budget(fraction=b).resolve(problem)).peak_bytes for b in BUDGETS]
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_cpsat_objective_is_at_most_the_heuristics(problem):
     for b in BUDGETS:
         budget = planner.Budget(fraction=b).resolve(problem)
-        best = get_solver("ilp").solve(problem, budget)
+        best = get_solver("cpsat").solve(problem, budget)
         assert best.status == "optimal"
-        for name in ("greedy", "dp"):
+        for name in ("greedy", "dp", "mincut"):
             assert best.recompute_seconds <= get_solver(name).solve(problem, budget).recompute_seconds * (1 + 1e-9)
 
 
 def test_budget_ends_are_the_frugal_and_the_fast_plan(problem):
-    assert planner.Budget(fraction=0.0).resolve(problem) == min_memory_plan(problem).memory_bytes
-    assert planner.Budget(fraction=1.0).resolve(problem) == runtime_optimal_plan(problem).memory_bytes
+    frugal = min_peak_plan(problem)
+    assert frugal.optimal
+    assert planner.Budget(fraction=0.0).resolve(problem) == frugal.plan.peak_bytes
+    assert planner.Budget(fraction=1.0).resolve(problem) == runtime_optimal_plan(problem).peak_bytes
     assert runtime_optimal_plan(problem).recompute_seconds == 0.0
+    assert frugal.plan.peak_bytes <= min_memory_plan(problem).peak_bytes
 
 
 @pytest.mark.parametrize("name", available_estimators())

@@ -1,5 +1,6 @@
 """Every solver, on the same random problems: feasible, honest about its figures, and ordered."""
 import itertools
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +12,8 @@ from planner.errors import ConfigError, InfeasibleBudget, UnknownNameError
 from planner.problem import evaluate_names
 from solvers import available_solvers, get_solver
 from solvers.knapsack_items import knapsack_items
-from tests.synthetic import brute_force, problems, random_problem
+from solvers.frugal import min_peak_plan
+from tests.synthetic import brute_force, brute_force_min_peak, problems, random_problem, timed_problems
 
 SOLVERS = available_solvers()
 
@@ -47,6 +49,30 @@ def test_exact_solvers_equal_brute_force(name, options, problem, fraction):
     # Exact up to the documented memory tie-break: 1e-4 of the costliest node's runtime.
     tolerance = 1e-4 * problem.runtime.max() + 1e-12
     assert decision.recompute_seconds == pytest.approx(brute_force(problem, budget).recompute_seconds, abs=tolerance)
+
+
+@settings(max_examples=40, deadline=None)
+@given(timed_problems, st.floats(0, 1))
+@pytest.mark.parametrize("name,options", EXACT)
+def test_exact_solvers_equal_brute_force_on_peak_memory(name, options, problem, fraction):
+    # Random schedules: the time-indexed memory rows, added lazily, must reach the true optimum.
+    frugal, fast = brute_force_min_peak(problem), runtime_optimal_plan(problem).peak_bytes
+    assert min_peak_plan(problem).plan.peak_bytes == frugal
+    budget = frugal + int((fast - frugal) * fraction)
+    decision = get_solver(name, **options).solve(problem, budget)
+    assert decision.status == Status.OPTIMAL and decision.peak_bytes <= budget
+    tolerance = 1e-4 * problem.runtime.max() + 1e-12
+    assert decision.recompute_seconds == pytest.approx(brute_force(problem, budget).recompute_seconds, abs=tolerance)
+
+
+@settings(max_examples=40, deadline=None)
+@given(timed_problems, st.floats(0, 1))
+@pytest.mark.parametrize("name", ["greedy", "dp", "mincut"])
+def test_heuristics_fit_the_peak_budget(name, problem, fraction):
+    frugal, fast = min_peak_plan(problem).plan.peak_bytes, runtime_optimal_plan(problem).peak_bytes
+    budget = frugal + int((fast - frugal) * fraction)
+    decision = get_solver(name).solve(problem, budget)
+    assert decision.peak_bytes == evaluate_names(problem, decision.saved).peak_bytes <= budget
 
 
 @settings(max_examples=60, deadline=None)
@@ -101,14 +127,14 @@ def test_dp_reports_its_quantisation_bound():
 @settings(max_examples=40, deadline=None)
 @given(problems, st.floats(0, 1))
 def test_dp_with_unit_quantum_solves_its_knapsack_exactly(problem, fraction):
-    budget = budget_in_range(problem, fraction)
-    frugal = min_memory_plan(problem)
+    # The knapsack core, at a capacity of saved bytes (the peak budget searches over these).
+    frugal, fast = min_memory_plan(problem), runtime_optimal_plan(problem)
+    capacity = budget_in_range(problem, fraction)
     items = knapsack_items(problem, frugal)
-    stats = get_solver("dp", resolution=10**6).solve(problem, budget).stats
-    if budget >= runtime_optimal_plan(problem).memory_bytes:
-        return  # the runtime-optimal plan fits; no knapsack is solved
+    solver = get_solver("dp", resolution=10**6)
+    stats = solver._solve_capacity(problem, capacity, frugal, fast, time.monotonic() + 60).stats
     assert stats["quantum_bytes"] == 1
-    room = budget - frugal.memory_bytes
+    room = capacity - frugal.memory_bytes
     best = max(
         (sum(items.value[list(c)]) for r in range(len(items.index) + 1)
          for c in itertools.combinations(range(len(items.index)), r) if sum(items.weight[list(c)]) <= room),
@@ -145,7 +171,7 @@ def test_time_limit_returns_a_plan_with_its_gap(name, options):
     problem = random_problem(17, 400)
     budget = budget_in_range(problem, 0.3)
     decision = get_solver(name, time_limit=1.0, **options).solve(problem, budget)
-    assert decision.memory_bytes <= budget
+    assert decision.peak_bytes <= budget
     if decision.status == Status.OPTIMAL:
         assert decision.gap == 0.0
     else:

@@ -8,7 +8,9 @@ from tests.models import MODELS
 from tests.training import assert_same_step
 
 BUDGETS = [0.0, 0.5, 1.0]
-EAGER = planner.PlannerConfig(codegen="eager", estimator="flops")
+# ilp (HiGHS) cannot be started from a known plan, so at tight budgets it may spend its whole
+# time limit before falling back to the frugal plan; a short limit keeps these tests quick.
+EAGER = planner.PlannerConfig(codegen="eager", estimator="flops", time_limit=5)
 
 
 @pytest.mark.parametrize("solver", available_solvers())
@@ -38,6 +40,6 @@ def test_backend_trains_like_eager(model, budget, solver):
 def test_inductor_codegen_trains_like_eager(model):
     # Inductor draws random numbers with its own generator unless told to use eager's.
     with torch._inductor.config.patch(fallback_random=True):
-        be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=0.0, solver="ilp")
+        be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=0.0, solver="cpsat")
         assert_same_step(MODELS[model], lambda twin, inputs: torch.compile(twin, backend=be))
     assert be.graphs and be.graphs[0].decision.recompute_seconds > 0

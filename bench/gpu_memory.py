@@ -1,0 +1,99 @@
+"""Predicted vs measured peak activation memory on the GPU, per peak-memory budget.
+
+For the GPT-style stack (8 layers, d_model 1024, 16 heads, seq 2048, batch 8, vocab 8192, bf16)
+and a ResNet-18-style CNN (batch 64, 224x224, bf16), the planner runs through torch.compile with
+inductor at each budget. Per point: the simulated peak of the emitted graphs
+(:func:`planner.memory.simulate`, the prediction), the peak the solver bounded, the measured
+peak activation memory (``max_memory_allocated`` during a step minus ``memory_allocated``
+before it), the median step time over ``--steps`` CUDA-event-timed steps after a warm-up step,
+and the plan time.
+
+    python -m bench.gpu_memory [--models gpt resnet] [--budgets 1 0.8 0.6 0.4 0.2 0] [--solver cpsat]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import planner
+from bench.gpu_step import measure
+from planner.models import GPTConfig, gpt_example, resnet_example
+
+RESULTS = Path(__file__).parent / "results"
+GIB = 2**30
+
+
+def gpt_stack():
+    cfg = GPTConfig(n_layer=8, d_model=1024, n_head=16, seq_len=2048, vocab=8192, dropout=0.0, batch=8)
+    model, batch = gpt_example(cfg, device="cuda")
+    return model.to(torch.bfloat16), batch
+
+
+def resnet():
+    model, (images, labels) = resnet_example(batch=64, image=224, device="cuda")
+    return model.to(torch.bfloat16), (images.to(torch.bfloat16), labels)
+
+
+MODELS = {"gpt": gpt_stack, "resnet": resnet}
+
+
+def run_point(base, batch, budget: float, solver: str, time_limit: float, steps: int) -> dict:
+    torch._dynamo.reset()
+    model = copy.deepcopy(base)
+    config = planner.PlannerConfig(codegen="inductor", memory_budget=budget, solver=solver, time_limit=time_limit)
+    backend = planner.backend(config)
+    start = time.perf_counter()
+    compiled = torch.compile(model, backend=backend)
+    result = measure(compiled, list(model.parameters()), batch, steps)
+    (graph,) = backend.graphs
+    (timeline,) = backend.timelines
+    return {
+        "budget": budget,
+        "solver": solver,
+        **result,
+        "predicted_peak_bytes": timeline.peak,
+        "bounded_peak_bytes": graph.decision.peak_bytes,
+        "budget_bytes": graph.decision.budget_bytes,
+        "status": graph.decision.status,
+        "gap": graph.decision.gap,
+        "recompute_seconds": graph.decision.recompute_seconds,
+        "plan_seconds": graph.plan_seconds,
+        "first_step_seconds": time.perf_counter() - start,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["gpt", "resnet"])
+    parser.add_argument("--budgets", type=float, nargs="+", default=[1.0, 0.8, 0.6, 0.4, 0.2, 0.0])
+    parser.add_argument("--solver", default="cpsat")
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=RESULTS / "gpu_memory.json")
+    args = parser.parse_args(argv)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, solver {args.solver}")
+    print("| model | budget | predicted peak GiB | measured peak GiB | error | step ms | solver bound GiB | status | plan s |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    rows = []
+    for name in args.models:
+        base, batch = MODELS[name]()
+        for budget in args.budgets:
+            row = {"model": name, **run_point(base, batch, budget, args.solver, args.time_limit, args.steps)}
+            rows.append(row)
+            measured, predicted = row["peak_activation_bytes"], row["predicted_peak_bytes"]
+            print(f"| {name} | {budget:g} | {predicted / GIB:.3f} | {measured / GIB:.3f} | {(predicted - measured) / measured:+.1%} "
+                  f"| {row['step_ms']:.1f} | {row['bounded_peak_bytes'] / GIB:.3f} | {row['status']} | {row['plan_seconds']:.1f} |",
+                  flush=True)
+        del base, batch
+        torch.cuda.empty_cache()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

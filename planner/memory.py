@@ -1,0 +1,255 @@
+"""Memory of a training step: simulate the emitted graphs, and build a problem's schedule.
+
+Both follow the same rules, read from node metadata:
+
+* a view (and a getitem of a view op) shares its base's storage, and an in-place op's result
+  the storage it wrote; a multi-output op allocates one storage per tensor output when it runs;
+* a storage is freed right after its last reader (inductor and fx code both drop references
+  at last use); inputs and parameters are held before the step and never counted;
+* forward outputs the caller keeps, and the gradients the backward returns, live to the end;
+* with ``fuse=True`` (inductor), a pointwise value read only by pointwise ops and reductions is
+  computed inside their kernel and never stored.
+
+:func:`simulate` walks the emitted forward and backward modules; :func:`build_schedule` gives
+the torch-free :class:`~planner.schedule.Schedule` the solvers plan with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from planner.graph import JointGraph
+from planner.ops import aliased_input, is_getitem, storage_bytes, written_input
+from planner.schedule import Schedule
+
+__all__ = ["Timeline", "simulate", "build_schedule", "storage_root"]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Bytes alive after each node of the step runs, in execution order.
+
+    ``steps[k]`` is ``(phase, node name, bytes)`` with phase ``"forward"`` or ``"backward"``.
+    """
+
+    steps: tuple[tuple[str, str, int], ...]
+
+    @property
+    def peak(self) -> int:
+        return max((b for _, _, b in self.steps), default=0)
+
+    @property
+    def peak_step(self) -> tuple[str, str, int] | None:
+        return max(self.steps, key=lambda s: s[2], default=None)
+
+
+def storage_root(node: fx.Node) -> fx.Node:
+    """The node that owns the storage ``node``'s value lives in."""
+    while (base := _shared_input(node)) is not None:
+        node = base
+    return node
+
+
+def _shared_input(node: fx.Node) -> fx.Node | None:
+    """The input whose storage the node's value is (a view of, or written in place)."""
+    return aliased_input(node) or written_input(node)
+
+
+def readers(node: fx.Node) -> list[fx.Node]:
+    """Nodes that read ``node``'s storage, looking through views of it."""
+    found = []
+    for user in node.users:
+        if _shared_input(user) is node:
+            if written_input(user) is node:
+                found.append(user)  # an in-place op reads what it writes
+            found.extend(readers(user))
+        else:
+            found.append(user)
+    return found
+
+
+def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool) -> int:
+    """Bytes written to memory for ``node``'s own storage, given the nodes that read it."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or _shared_input(node) is not None:
+        return 0
+    if fuse and _fusible(node) and reading and all(_absorbs(r) for r in reading):
+        return 0
+    return storage_bytes(val)
+
+
+def _tags(node: fx.Node) -> list:
+    target = node.target
+    return target.tags if isinstance(target, torch._ops.OpOverload) else []
+
+
+def _fusible(node: fx.Node) -> bool:
+    return torch.Tag.pointwise in _tags(node) or node.target in _CASTS
+
+
+def _absorbs(node: fx.Node) -> bool:
+    tags = _tags(node)
+    return torch.Tag.pointwise in tags or torch.Tag.reduction in tags or node.target in _CASTS
+
+
+_CASTS = (torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)
+
+
+def simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs: int, fuse: bool = False) -> Timeline:
+    """Walk the emitted modules in execution order and count the bytes alive after each node.
+
+    The forward's outputs after the first ``num_fwd_outputs`` are the saved values, passed in
+    order to the backward's non-tangent inputs; they live until their last reader there.
+    """
+    walk = _Walk(fuse)
+    fwd_out = _outputs(forward)
+    walk.run(forward, "forward", keep=fwd_out)
+    held = {key for out in fwd_out[:num_fwd_outputs] for key in walk.keys.get(out, ())}
+    saved_keys = [walk.keys.get(out, ()) for out in fwd_out[num_fwd_outputs:]]
+    inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
+    carried = dict(zip(inputs, saved_keys))
+    walk.run(backward, "backward", keep=_outputs(backward), carried=carried, held=held)
+    return Timeline(tuple(walk.steps))
+
+
+def _outputs(gm: fx.GraphModule) -> list:
+    out = next(iter(gm.graph.find_nodes(op="output"))).args[0]
+    return [o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, fx.Node)]
+
+
+class _Walk:
+    """Storages alive across the forward and the backward module."""
+
+    def __init__(self, fuse: bool) -> None:
+        self.fuse = fuse
+        self.size: dict[object, int] = {}
+        self.live: set[object] = set()
+        self.keys: dict[fx.Node, tuple] = {}
+        self.steps: list[tuple[str, str, int]] = []
+
+    def run(self, gm: fx.GraphModule, phase: str, keep: list, carried: dict | None = None, held: set = frozenset()):
+        carried = carried or {}
+        nodes = [n for n in gm.graph.nodes if n.op != "output"]
+        keys: dict[fx.Node, tuple] = {}
+        made: dict[fx.Node, tuple] = {}
+        for node in nodes:
+            keys[node], made[node] = self._keys(node, keys, phase, carried)
+        last: dict[object, int] = {}
+        for k, node in enumerate(nodes):
+            for inp in node.all_input_nodes:
+                for key in keys[inp]:
+                    last[key] = k
+        kept = {key for out in keep for key in keys.get(out, ())} | set(held)
+        for k, node in enumerate(nodes):
+            self.live.update(made[node])
+            if node.op == "call_function":
+                self.steps.append((phase, node.name, sum(self.size[key] for key in self.live)))
+            self.live -= {key for key in self.live if key not in kept and last.get(key, -1) <= k}
+        self.keys.update(keys)
+
+    def _keys(self, node: fx.Node, keys: dict, phase: str, carried: dict) -> tuple[tuple, tuple]:
+        """The storages ``node``'s value lives in, and those of them it allocates."""
+        if node in carried:
+            return tuple(carried[node]), ()
+        if node.op == "placeholder":
+            if phase == "forward":
+                return (), ()  # an input or parameter, held before the step
+            return self._new((phase, node.name), _value_bytes(node.meta.get("val")))  # a tangent
+        if node.op != "call_function":
+            return (), ()
+        base = _shared_input(node)
+        if base is not None:
+            return keys.get(base, ()), ()
+        if is_getitem(node):
+            parent, index = keys.get(node.args[0], ()), node.args[1]
+            return ((parent[index],) if isinstance(index, int) and index < len(parent) else ()), ()
+        val = node.meta.get("val")
+        if isinstance(val, (tuple, list)):
+            pairs = [self._new((phase, node.name, i), _value_bytes(item)) for i, item in enumerate(val)]
+            new = tuple(key for own, _ in pairs for key in own)
+            return new, new
+        if not isinstance(val, torch.Tensor):
+            return (), ()
+        return self._new((phase, node.name), stored_bytes(node, readers(node), self.fuse))
+
+    def _new(self, key: tuple, size: int) -> tuple[tuple, tuple]:
+        self.size[key] = size
+        return (key,), (key,)
+
+
+def _value_bytes(val: object) -> int:
+    return storage_bytes(val) if isinstance(val, torch.Tensor) else 0
+
+
+def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
+    """The :class:`Schedule` of a joint graph, over its forward nodes and backward steps."""
+    nodes = joint.forward_nodes
+    index = {node: i for i, node in enumerate(nodes)}
+    n = len(nodes)
+    held_roots = {storage_root(o) for o in joint.fwd_outputs if isinstance(o, fx.Node)}
+    steps = [node for node in joint.graph.nodes if node in joint.backward_nodes and node.op == "call_function"]
+    step_of = {node: t for t, node in enumerate(steps)}
+    owner = np.full(n, -1, dtype=np.int64)
+    transient = np.zeros(n, dtype=np.int64)
+    copy_bytes = np.zeros(n, dtype=np.int64)
+    fwd_last = np.arange(n, dtype=np.int64)
+    held = np.zeros(n, dtype=bool)
+    for i, node in enumerate(nodes):
+        owner[i] = index.get(storage_root(node), -1)
+        if owner[i] != i:
+            continue
+        reading = readers(node)
+        forward = [r for r in reading if r in index]
+        held[i] = node in held_roots
+        transient[i] = stored_bytes(node, forward + ([joint.output_node] if held[i] else []), fuse)
+        copy_bytes[i] = stored_bytes(node, [r for r in reading if r.op != "output"], fuse)
+        fwd_last[i] = n - 1 if held[i] else max([i] + [index[r] for r in forward])
+    first_read = np.full(n, len(steps), dtype=np.int64)
+    last_read = np.full(n, -1, dtype=np.int64)
+    for t, step in enumerate(steps):
+        for inp in step.all_input_nodes:
+            o = index.get(storage_root(inp))
+            if o is not None:
+                first_read[o] = min(first_read[o], t)
+                last_read[o] = max(last_read[o], t)
+    for out in joint.bwd_outputs:  # a gradient that is a forward value lives to the end
+        o = index.get(storage_root(out)) if isinstance(out, fx.Node) else None
+        if o is not None:
+            first_read[o] = min(first_read[o], len(steps) - 1)
+            last_read[o] = len(steps) - 1
+    base = _backward_base(joint, steps, step_of, fuse) + sum(
+        storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held) if isinstance(nodes[i].meta.get("val"), torch.Tensor)
+    )
+    return Schedule(owner, transient, copy_bytes, fwd_last, first_read, last_read, held, base, tuple(s.name for s in steps))
+
+
+def _backward_base(joint: JointGraph, steps: list[fx.Node], step_of: dict, fuse: bool) -> np.ndarray:
+    """Bytes of the backward's own storages (tangents, temporaries, gradients) alive per step."""
+    T = len(steps)
+    delta = np.zeros(T + 1, dtype=np.int64)
+    grads = {storage_root(o) for o in joint.bwd_outputs if isinstance(o, fx.Node)}
+    for node in [*joint.tangents, *steps]:
+        if storage_root(node) is not node:
+            continue
+        reading = readers(node)
+        size = _value_bytes(node.meta.get("val")) if node.op == "placeholder" else stored_bytes(node, reading, fuse)
+        if is_getitem(node) or not size:
+            continue
+        start = step_of.get(node, 0)
+        end = T - 1 if node in grads else max([start] + [step_of[r] for r in reading if r in step_of])
+        delta[start] += size
+        delta[end + 1] -= size
+    for node in steps:  # multi-output ops: each output is allocated when the op runs
+        val = node.meta.get("val")
+        if isinstance(val, (tuple, list)):
+            for user in node.users:
+                owns = is_getitem(user) and aliased_input(user) is None
+                if owns and isinstance(user.meta.get("val"), torch.Tensor):
+                    size = storage_bytes(user.meta["val"])
+                    end = T - 1 if user in grads else max([step_of[node]] + [step_of[r] for r in readers(user) if r in step_of])
+                    delta[step_of[node]] += size
+                    delta[end + 1] -= size
+    return np.cumsum(delta)[:T]

@@ -1,0 +1,159 @@
+"""When each value of a training step is alive, and the peak memory of a plan (torch-free).
+
+Time runs over the forward nodes in order (step ``f`` is forward node ``f`` running), then over
+the backward steps in the order the emitter writes them. A plan's memory at each step is:
+
+* forward step f: every storage computed so far that is still read in the forward, or saved,
+  or a forward output the caller keeps;
+* backward step t: the backward's own values alive at t (``base[t]``: gradients, tangents,
+  temporaries), saved storages still to be read, and recomputed copies already made and still
+  to be read. A recomputed node is made just before its first reader (a backward step, or
+  another copy), as :mod:`planner.emit` places it; the copies made for step t are counted as
+  alive together at t (an upper bound on the transient peak while they are made).
+
+RNG states of recomputed random ops are counted at every step. :func:`profile` computes the
+memory at every step for a plan; the exact solvers encode the same sums as linear rows, so a
+plan's peak here is what they bound.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Schedule", "Profile", "profile", "consumers"]
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """Lifetimes of a problem's values over one training step.
+
+    Arrays have one entry per problem node (``n``) or per backward step (``T``); bytes are int64.
+
+    Attributes
+    ----------
+    owner : index of the node whose storage node i's value lives in: i itself, the base of a
+        view, or -1 for storage held before the step (a view of an input or a parameter).
+    transient : bytes node i occupies in the forward while it is read there, if not saved
+        (0 for views, tuples, and values fused into the kernels that read them).
+    copy_bytes : bytes of node i's recomputed copy in the backward (0 if fused or a view).
+    fwd_last : last forward node reading node i's storage (i itself if none; ``n-1`` for
+        forward outputs).
+    first_read, last_read : first and last backward step reading node i's storage directly
+        (``T`` and -1 if none).
+    held : node i is a forward output the caller keeps through the backward.
+    base : bytes of backward values alive at each backward step, plus held forward outputs.
+    step_names : the backward steps, in order.
+    """
+
+    owner: np.ndarray
+    transient: np.ndarray
+    copy_bytes: np.ndarray
+    fwd_last: np.ndarray
+    first_read: np.ndarray
+    last_read: np.ndarray
+    held: np.ndarray
+    base: np.ndarray
+    step_names: tuple[str, ...]
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.base)
+
+    @classmethod
+    def saved_bytes_only(cls, needed: np.ndarray) -> "Schedule":
+        """One backward step reading every needed node and nothing else alive: the peak of a
+        plan is then its saved bytes (plus RNG states)."""
+        n = len(needed)
+        zeros = np.zeros(n, dtype=np.int64)
+        return cls(
+            owner=np.arange(n, dtype=np.int64),
+            transient=zeros,
+            copy_bytes=zeros,
+            fwd_last=np.arange(n, dtype=np.int64),
+            first_read=np.where(needed, 0, 1).astype(np.int64),
+            last_read=np.where(needed, 0, -1).astype(np.int64),
+            held=np.zeros(n, dtype=bool),
+            base=np.zeros(1, dtype=np.int64),
+            step_names=("backward",),
+        )
+
+    def check(self, n: int) -> None:
+        """Raise ValueError if the arrays do not fit a problem of ``n`` nodes."""
+        for name in ("owner", "transient", "copy_bytes", "fwd_last", "first_read", "last_read", "held"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Schedule.{name} has {len(getattr(self, name))} rows, expected {n}")
+        if len(self.step_names) != self.num_steps:
+            raise ValueError("Schedule.step_names must name every backward step")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A plan's memory at every step, bytes: ``forward[f]`` and ``backward[t]``."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+
+    @property
+    def peak(self) -> int:
+        return int(max(self.forward.max(initial=0), self.backward.max(initial=0)))
+
+
+def consumers(inputs: list[np.ndarray], owner: np.ndarray) -> list[list[int]]:
+    """Per node, the non-view nodes that read its storage (directly or through views)."""
+    result: list[list[int]] = [[] for _ in range(len(owner))]
+    for i, ins in enumerate(inputs):
+        if owner[i] != i:
+            continue  # a view: its readers are counted as readers of its base
+        for j in ins:
+            o = owner[j]
+            if o >= 0 and (not result[o] or result[o][-1] != i):
+                result[o].append(i)
+    return result
+
+
+def profile(
+    schedule: Schedule,
+    inputs: list[np.ndarray],
+    nbytes: np.ndarray,
+    saved: np.ndarray,
+    recomputed: np.ndarray,
+    rng_bytes: int,
+) -> Profile:
+    """Memory at every forward and backward step for a pruned plan (see the module docstring).
+
+    ``saved`` and ``recomputed`` are the masks of :func:`planner.problem.evaluate`; ``rng_bytes``
+    is the RNG state kept for all recomputed random ops together.
+    """
+    s = schedule
+    n, steps = len(s.owner), s.num_steps
+    cons = consumers(inputs, s.owner)
+    own = s.owner == np.arange(n)
+    made = _made_at(s, cons, recomputed & own)
+    fwd = np.zeros(n + 1, dtype=np.int64)
+    bwd = np.zeros(steps + 1, dtype=np.int64)
+    for e in np.flatnonzero(own):
+        if saved[e]:
+            fwd[e] += nbytes[e]
+        elif s.transient[e]:
+            fwd[e] += s.transient[e]
+            fwd[s.fwd_last[e] + 1] -= s.transient[e]
+        if not (saved[e] or recomputed[e]) or s.held[e]:
+            continue
+        end = max([int(s.last_read[e])] + [made[w] for w in cons[e] if recomputed[w]])
+        if end < 0:
+            continue
+        size, start = (nbytes[e], 0) if saved[e] else (s.copy_bytes[e], made[e])
+        bwd[start] += size
+        bwd[end + 1] -= size
+    return Profile(np.cumsum(fwd)[:n] + rng_bytes, np.cumsum(bwd)[:steps] + s.base + rng_bytes)
+
+
+def _made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:
+    """Backward step at which each recomputed node's copy is made: its first direct reader, or
+    the earliest copy that reads it, whichever comes first."""
+    made: dict[int, int] = {}
+    for e in np.flatnonzero(recomputed)[::-1]:
+        e = int(e)
+        made[e] = min([int(schedule.first_read[e])] + [made[w] for w in cons[e] if w in made])
+    return made

@@ -1,0 +1,86 @@
+"""The most memory-frugal plan: the least peak memory any plan reaches, found exactly.
+
+Budget 0 means this plan's peak; every solver refuses a budget below it. It is found by the
+graph model with memory rows (:mod:`solvers.peak_rows`) and a peak variable to minimise,
+solved by CP-SAT (whose search finds low-peak plans far sooner than HiGHS's on this model),
+each round hinted with the previous round's plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import hashlib
+import time
+from typing import Any
+
+import numpy as np
+
+from planner.bounds import min_memory_plan, runtime_optimal_plan
+from planner.problem import Evaluation, Problem
+from solvers.graph_model import build_graph_model
+from solvers.peak_rows import solve_within_peak
+
+__all__ = ["FrugalPlan", "min_peak_plan"]
+
+
+@dataclass(frozen=True)
+class FrugalPlan:
+    """The least-peak plan found, and whether that least peak is proven."""
+
+    plan: Evaluation
+    optimal: bool
+    seconds: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def min_peak_plan(problem: Problem, time_limit: float = 60.0) -> FrugalPlan:
+    """The plan with the least peak memory (:func:`planner.problem.memory_profile`).
+
+    If the time limit passes first, the best plan found is returned with ``optimal=False``;
+    the runtime-optimal plan is returned when no plan beats its peak.
+
+    Complexity: a CP-SAT program per round of added memory rows.
+    """
+    key = _memory_key(problem)
+    if key not in _FOUND:
+        _FOUND[key] = _min_peak_plan(problem, float(time_limit))
+    return _FOUND[key]
+
+
+# One answer per memory model (the first search's), so every budget and every estimator of a
+# graph share one frugal end. The least peak does not depend on runtimes.
+_FOUND: dict[str, FrugalPlan] = {}
+
+
+def _memory_key(problem: Problem) -> str:
+    h = hashlib.sha256()
+    s = problem.schedule
+    for array in (problem.nbytes, problem.saveable, problem.recomputable, problem.random, problem.needed,
+                  problem.input_ptr, problem.input_idx, s.owner, s.transient, s.copy_bytes, s.fwd_last,
+                  s.first_read, s.last_read, s.held, s.base):
+        h.update(np.ascontiguousarray(array).tobytes())
+    h.update(str((problem.rng_state_bytes, problem.names)).encode())
+    return h.hexdigest()
+
+
+def _min_peak_plan(problem: Problem, time_limit: float) -> FrugalPlan:
+    from solvers.cpsat import run_cpsat
+    from solvers.ilp import to_round
+
+    start = time.perf_counter()
+    deadline = time.monotonic() + time_limit
+    fast = runtime_optimal_plan(problem)
+    base, build = build_graph_model(problem)
+
+    hint = [min_memory_plan(problem)]
+
+    def solve(model, limit):
+        found = to_round(problem, model, run_cpsat(model, None, (hint[-1].saved, hint[-1].recomputed), deadline, 8, limit))
+        if found.plan is not None:
+            hint.append(found.plan)
+        return found
+
+    result, stats = solve_within_peak(problem, base, build, solve, deadline, peak_span=float(fast.peak_bytes + 2**20))
+    seconds = time.perf_counter() - start
+    if result.plan is None or result.plan.peak_bytes >= fast.peak_bytes:
+        return FrugalPlan(fast, result.optimal, seconds, stats)
+    return FrugalPlan(result.plan, result.optimal and time.monotonic() <= deadline, seconds, stats)

@@ -1,0 +1,213 @@
+"""A plan's memory at chosen steps of the training step, as linear rows of the graph model.
+
+The rows encode :func:`planner.schedule.profile` exactly. For a backward step ``t`` and a node
+``e`` that may be recomputed, ``made[e, t]`` (continuous, pinned to 0/1 by its rows) says that
+e's copy exists by step t: e is recomputed and read directly by step t, or a copy that reads
+e exists by then::
+
+    made[e,t] >= made[w,t] + recomputed[e] - 1     for each reader w of e
+    made[e,t] <= recomputed[e],  made[e,t] <= sum_w made[w,t]     (when e is not read by t)
+
+A saved node is alive at t while it is read at t or later, directly or by a copy not yet made
+before t (``recomputed[w] - made[w,t-1]``); a copy is alive at t if made by t and alive in the
+same sense. Forward rows need only the saved variables.
+
+:func:`solve_within_peak` adds rows lazily: solve with rows at a few steps, measure the plan
+at every step, add the steps over the limit, solve again. A row is exact at its step, so no
+step is added twice; steps are finite, so the loop ends; each program relaxes the full one,
+so its optimum (and its bound, if stopped early) holds for the full program too.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from planner.problem import Evaluation, Problem, memory_profile
+from planner.schedule import consumers
+from solvers.graph_model import GraphModel, RowBuilder
+
+__all__ = ["PeakRows", "Limit", "Round", "solve_within_peak", "memory_unit"]
+
+
+
+def memory_unit(problem: Problem) -> float:
+    """Bytes per unit of the memory rows: a power of two (so scaling is exact) that keeps the
+    rows' values under about 2**20, where the back ends' absolute tolerances are far below a byte."""
+    s = problem.schedule
+    total = int(problem.nbytes.sum() + s.transient.sum() + s.copy_bytes.sum() + s.base.max(initial=0)) + 1
+    return float(2 ** max(0, total.bit_length() - 21))
+
+
+class PeakRows:
+    """Builds memory rows over the variables of a :class:`GraphModel` of ``problem``."""
+
+    def __init__(self, problem: Problem, base: GraphModel) -> None:
+        s = problem.schedule
+        n = len(problem)
+        self.problem, self.base, self.schedule = problem, base, s
+        self.own = s.owner == np.arange(n)
+        self.cons = consumers(problem.inputs, s.owner)
+        self.rvar, self.svar = base.recomputed_var, base.saved_var
+        never = s.num_steps + 1
+        earliest = np.full(n, never, dtype=np.int64)
+        for e in range(n - 1, -1, -1):
+            if self.own[e] and self.rvar[e] >= 0:
+                earliest[e] = min([int(s.first_read[e])] + [int(earliest[w]) for w in self.cons[e] if self.rvar[w] >= 0])
+        self.earliest = earliest
+        random = np.flatnonzero(problem.random & (self.rvar >= 0))
+        self.rng_terms = [(int(self.rvar[i]), float(problem.rng_state_bytes)) for i in random]
+
+    def add(self, build: RowBuilder, forward_steps, backward_steps, limit: "Limit") -> None:
+        """Rows ``memory(step) <= limit`` at the given forward and backward steps."""
+        made_cache: dict[int, dict[int, int]] = {}
+        for f in sorted(forward_steps):
+            limit.row(build, *self._forward(f))
+        for t in sorted(backward_steps):
+            made_now = self._made(build, t, made_cache)
+            made_before = self._made(build, t - 1, made_cache)
+            limit.row(build, *self._backward(build, t, made_now, made_before))
+
+    def _forward(self, f: int) -> tuple[float, list]:
+        s, nbytes = self.schedule, self.problem.nbytes
+        const, terms = 0.0, list(self.rng_terms)
+        for e in np.flatnonzero(self.own[: f + 1]):
+            live = s.fwd_last[e] >= f
+            if live:
+                const += float(s.transient[e])
+            coef = float(nbytes[e]) - (float(s.transient[e]) if live else 0.0)
+            if self.svar[e] >= 0 and coef:
+                terms.append((int(self.svar[e]), coef))
+        return const, terms
+
+    def _made(self, build: RowBuilder, tau: int, cache: dict) -> dict[int, int]:
+        """Column of ``made[e, tau]`` per node that can have a copy by step tau."""
+        if tau in cache:
+            return cache[tau]
+        s, made = self.schedule, {}
+        for e in np.flatnonzero(self.own & (self.earliest <= tau))[::-1]:
+            e = int(e)
+            r = int(self.rvar[e])
+            if s.first_read[e] <= tau:
+                made[e] = r
+                continue
+            readers = [made[w] for w in self.cons[e] if w in made]
+            (col,) = build.add_vars(1, integral=False)
+            build.add_row([col, r], [1.0, -1.0], -np.inf, 0.0)
+            build.add_row([col, *readers], [1.0] + [-1.0] * len(readers), -np.inf, 0.0)
+            for w in readers:
+                build.add_row([col, w, r], [1.0, -1.0, -1.0], -1.0, np.inf)
+            made[e] = int(col)
+        cache[tau] = made
+        return made
+
+    def _backward(self, build: RowBuilder, t: int, made_now: dict, made_before: dict) -> tuple[float, list]:
+        s, nbytes = self.schedule, self.problem.nbytes
+        terms = list(self.rng_terms)
+        for e in np.flatnonzero(self.own & ~s.held):
+            e = int(e)
+            # copies of readers of e made at t or later: each keeps e alive at t
+            later = [(int(self.rvar[w]), made_before.get(w)) for w in self.cons[e]
+                     if self.rvar[w] >= 0 and made_before.get(w) != self.rvar[w]]
+            for present, size in ((self.svar[e], nbytes[e]), (made_now.get(e, -1), s.copy_bytes[e])):
+                if present < 0 or not size:
+                    continue
+                if s.last_read[e] >= t:
+                    terms.append((int(present), float(size)))
+                elif later:
+                    (alive,) = build.add_vars(1, integral=False)
+                    for r_w, m_w in later:
+                        cols, vals = [alive, int(present), r_w], [1.0, -1.0, -1.0]
+                        if m_w is not None:
+                            cols.append(m_w)
+                            vals.append(1.0)
+                        build.add_row(cols, vals, -1.0, np.inf)
+                    terms.append((int(alive), float(size)))
+        return float(s.base[t]), terms
+
+
+@dataclass(frozen=True)
+class Limit:
+    """``bytes + span * x[col]``: a fixed budget (no column), or a peak to minimise (x in [0, 1]).
+
+    Rows are written in units of ``unit`` bytes (see :func:`memory_unit`).
+    """
+
+    bytes: float
+    unit: float
+    col: int | None = None
+    span: float = 0.0
+
+    def row(self, build: RowBuilder, const: float, terms: list) -> None:
+        cols = [c for c, _ in terms] + ([self.col] if self.col is not None else [])
+        vals = [v / self.unit for _, v in terms] + ([-self.span / self.unit] if self.col is not None else [])
+        build.add_row(cols, vals, -np.inf, (self.bytes - const) / self.unit, unit=self.unit)
+
+    def value(self, x: np.ndarray) -> float:
+        return self.bytes + (self.span * float(x[self.col]) if self.col is not None else 0.0)
+
+
+@dataclass
+class Round:
+    """One solve of the lazy loop: the plan found (None if none) and the back end's verdict."""
+
+    plan: Evaluation | None
+    x: np.ndarray | None
+    optimal: bool
+    gap: float | None
+
+
+def solve_within_peak(
+    problem: Problem,
+    base: GraphModel,
+    build: RowBuilder,
+    solve: Callable[[GraphModel, "Limit"], Round],
+    deadline: float,
+    limit_bytes: float = 0.0,
+    peak_span: float | None = None,
+) -> tuple[Round, dict]:
+    """Solve with memory rows added lazily until no step of the plan exceeds the limit.
+
+    The limit is ``limit_bytes``; with ``peak_span`` it is ``limit_bytes + peak_span * p`` for
+    a new variable p in [0, 1] that ``solve`` should minimise (the most frugal plan). ``solve``
+    gets the model and the limit, and returns a :class:`Round`. Returns the last round and
+    loop statistics; at the deadline the last round is returned as it is.
+    """
+    rows = PeakRows(problem, base)
+    unit = memory_unit(problem)
+    if peak_span is None:
+        limit = Limit(limit_bytes, unit)
+    else:
+        limit = Limit(limit_bytes, unit, int(build.add_vars(1, integral=False)[0]), peak_span)
+    forward_steps, backward_steps = {len(problem) - 1}, {0, int(np.argmax(problem.schedule.base))}
+    rounds = 0
+    while True:
+        trial = build.copy()
+        rows.add(trial, forward_steps, backward_steps, limit)
+        result = solve(trial.freeze(base), limit)
+        rounds += 1
+        stats = {"rounds": rounds, "memory_rows": len(forward_steps) + len(backward_steps), "variables": trial.num_vars}
+        if result.plan is None:
+            return result, stats
+        allowed = limit.value(result.x)
+        prof = memory_profile(problem, result.plan)
+        new_f = _over(prof.forward, allowed, forward_steps)
+        new_b = _over(prof.backward, allowed, backward_steps)
+        if not (new_f or new_b) or time.monotonic() > deadline:
+            return result, stats
+        forward_steps |= new_f
+        backward_steps |= new_b
+
+
+def _over(memory: np.ndarray, allowed: float, known: set[int], most: int = 64) -> set[int]:
+    """Up to ``most`` steps over ``allowed`` not yet in ``known``, highest first, spread apart."""
+    picked: list[int] = []
+    for k in np.argsort(-memory, kind="stable"):
+        if memory[k] <= allowed or len(picked) >= most:
+            break
+        k = int(k)
+        if k not in known and all(abs(k - p) > 2 for p in picked):
+            picked.append(k)
+    return set(picked)
