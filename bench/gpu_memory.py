@@ -57,6 +57,7 @@ def run_point(base, batch, budget: float, solver: str, time_limit: float, steps:
         "solver": solver,
         **result,
         "predicted_peak_bytes": timeline.peak,
+        "predicted_peak_step": timeline.peak_step,
         "bounded_peak_bytes": graph.decision.peak_bytes,
         "budget_bytes": graph.decision.budget_bytes,
         "status": graph.decision.status,
