@@ -8,7 +8,9 @@ Both follow the same rules, read from node metadata:
   at last use); inputs and parameters are held before the step and never counted;
 * forward outputs the caller keeps, and the gradients the backward returns, live to the end;
 * with ``fuse=True`` (inductor), a pointwise value read only by pointwise ops and reductions is
-  computed inside their kernel and never stored.
+  computed inside their kernel and never stored, unless several kernels read it and it reads
+  more than ``REALIZE_READS`` stored inputs (inductor then stores it rather than recompute it
+  in each reader: its ``realize_reads_threshold``).
 
 :func:`simulate` walks the emitted forward and backward modules; :func:`build_schedule` gives
 the torch-free :class:`~planner.schedule.Schedule` the solvers plan with.
@@ -76,9 +78,33 @@ def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool) -> int:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or _shared_input(node) is not None:
         return 0
-    if fuse and _fusible(node) and reading and all(_absorbs(r) for r in reading):
+    if fuse and _inlined(node, reading):
         return 0
     return storage_bytes(val)
+
+
+REALIZE_READS = 4
+
+
+def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
+    """Inductor computes ``node`` inside the kernels that read it (see the module docstring)."""
+    if not (_fusible(node) and reading and all(_absorbs(r) for r in reading)):
+        return False
+    return len(reading) == 1 or len(_leaf_reads(node, depth=8)) <= REALIZE_READS
+
+
+def _leaf_reads(node: fx.Node, depth: int) -> set[fx.Node]:
+    """The stored inputs a fused pointwise expression reads, looking through inlined producers."""
+    leaves: set[fx.Node] = set()
+    for inp in node.all_input_nodes:
+        producer = inp
+        while _shared_input(producer) is not None:
+            producer = _shared_input(producer)
+        if depth > 0 and _fusible(producer) and all(_absorbs(r) for r in readers(producer)):
+            leaves |= _leaf_reads(producer, depth - 1)
+        else:
+            leaves.add(producer)
+    return leaves
 
 
 def _tags(node: fx.Node) -> list:
