@@ -86,6 +86,21 @@ def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool) -> int:
 REALIZE_READS = 4
 
 
+def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
+    """Index in ``order`` of the kernel that computes each node: its own, or for a value fused
+    into its readers, the last of theirs (that is when its inputs are really read)."""
+    where = {node: k for k, node in enumerate(order)}
+    steps: dict[fx.Node, int] = {}
+    for node in reversed(order):
+        steps[node] = where[node]
+        val = node.meta.get("val")
+        if fuse and isinstance(val, torch.Tensor) and _shared_input(node) is None:
+            reading = readers(node)
+            if reading and all(r in steps for r in reading) and _inlined(node, reading):
+                steps[node] = max(steps[r] for r in reading)
+    return steps
+
+
 def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
     """Inductor computes ``node`` inside the kernels that read it (see the module docstring)."""
     if not (_fusible(node) and reading and all(_absorbs(r) for r in reading)):
@@ -164,10 +179,11 @@ class _Walk:
         for node in nodes:
             keys[node], made[node] = self._keys(node, keys, phase, carried)
         last: dict[object, int] = {}
-        for k, node in enumerate(nodes):
+        kernel = kernel_steps(nodes, self.fuse)
+        for node in nodes:
             for inp in node.all_input_nodes:
                 for key in keys[inp]:
-                    last[key] = k
+                    last[key] = max(last.get(key, -1), kernel[node])
         kept = {key for out in keep for key in keys.get(out, ())} | set(held)
         for k, node in enumerate(nodes):
             self.live.update(made[node])
@@ -217,12 +233,12 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     n = len(nodes)
     held_roots = {storage_root(o) for o in joint.fwd_outputs if isinstance(o, fx.Node)}
     steps = [node for node in joint.graph.nodes if node in joint.backward_nodes and node.op == "call_function"]
-    step_of = {node: t for t, node in enumerate(steps)}
     owner = np.full(n, -1, dtype=np.int64)
     transient = np.zeros(n, dtype=np.int64)
     copy_bytes = np.zeros(n, dtype=np.int64)
     fwd_last = np.arange(n, dtype=np.int64)
     held = np.zeros(n, dtype=bool)
+    fwd_kernel = kernel_steps([*nodes, joint.output_node], fuse)
     for i, node in enumerate(nodes):
         owner[i] = index.get(storage_root(node), -1)
         if owner[i] != i:
@@ -232,28 +248,31 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         held[i] = node in held_roots
         transient[i] = stored_bytes(node, forward + ([joint.output_node] if held[i] else []), fuse)
         copy_bytes[i] = stored_bytes(node, [r for r in reading if r.op != "output"], fuse)
-        fwd_last[i] = n - 1 if held[i] else max([i] + [index[r] for r in forward])
+        fwd_last[i] = n - 1 if held[i] else min(n - 1, max([i] + [fwd_kernel[r] for r in forward]))
     first_read = np.full(n, len(steps), dtype=np.int64)
     last_read = np.full(n, -1, dtype=np.int64)
-    for t, step in enumerate(steps):
+    bwd_kernel = kernel_steps(steps, fuse)
+    for t, step in enumerate(steps):  # a copy is made before its first reader; read until its last kernel
         for inp in step.all_input_nodes:
             o = index.get(storage_root(inp))
             if o is not None:
                 first_read[o] = min(first_read[o], t)
-                last_read[o] = max(last_read[o], t)
+                last_read[o] = max(last_read[o], bwd_kernel[step])
     for out in joint.bwd_outputs:  # a gradient that is a forward value lives to the end
         o = index.get(storage_root(out)) if isinstance(out, fx.Node) else None
         if o is not None:
             first_read[o] = min(first_read[o], len(steps) - 1)
             last_read[o] = len(steps) - 1
-    base = _backward_base(joint, steps, step_of, fuse) + sum(
+    base = _backward_base(joint, steps, bwd_kernel, fuse) + sum(
         storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held) if isinstance(nodes[i].meta.get("val"), torch.Tensor)
     )
     return Schedule(owner, transient, copy_bytes, fwd_last, first_read, last_read, held, base, tuple(s.name for s in steps))
 
 
-def _backward_base(joint: JointGraph, steps: list[fx.Node], step_of: dict, fuse: bool) -> np.ndarray:
-    """Bytes of the backward's own storages (tangents, temporaries, gradients) alive per step."""
+def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: bool) -> np.ndarray:
+    """Bytes of the backward's own storages (tangents, temporaries, gradients) alive per step;
+    ``kernel`` gives the step at which each node's inputs are really read."""
+    step_of = {node: t for t, node in enumerate(steps)}
     T = len(steps)
     delta = np.zeros(T + 1, dtype=np.int64)
     grads = {storage_root(o) for o in joint.bwd_outputs if isinstance(o, fx.Node)}
@@ -265,7 +284,7 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], step_of: dict, fuse:
         if is_getitem(node) or not size:
             continue
         start = step_of.get(node, 0)
-        end = T - 1 if node in grads else max([start] + [step_of[r] for r in reading if r in step_of])
+        end = T - 1 if node in grads else max([start] + [kernel[r] for r in reading if r in kernel])
         delta[start] += size
         delta[end + 1] -= size
     for node in steps:  # multi-output ops: each output is allocated when the op runs
@@ -275,7 +294,7 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], step_of: dict, fuse:
                 owns = is_getitem(user) and aliased_input(user) is None
                 if owns and isinstance(user.meta.get("val"), torch.Tensor):
                     size = storage_bytes(user.meta["val"])
-                    end = T - 1 if user in grads else max([step_of[node]] + [step_of[r] for r in readers(user) if r in step_of])
+                    end = T - 1 if user in grads else max([step_of[node]] + [kernel[r] for r in readers(user) if r in kernel])
                     delta[step_of[node]] += size
                     delta[end + 1] -= size
     return np.cumsum(delta)[:T]

@@ -102,20 +102,32 @@ def test_simulation_equals_a_count_over_real_storages():
     assert timeline.peak == max(b for _, _, b in expected)
 
 
+def _bound_and_simulated(name, fraction, codegen):
+    fuse = codegen == "inductor"
+    model, inputs = MODELS[name]()
+    joint = planner.capture(model, inputs, codegen=codegen)
+    problem = build_problem(joint, get_estimator("flops"), fuse=fuse)
+    decision = get_solver("cpsat").solve(problem, planner.Budget(fraction=fraction).resolve(problem))
+    forward, backward = emit(joint, problem, decision.saved)
+    recomputes = evaluate_names(problem, decision.saved).recompute_seconds > 0
+    return decision.peak_bytes, simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse).peak, recomputes
+
+
 @pytest.mark.parametrize("name", ["gpt", "cnn", "views_inplace"])
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
 def test_the_solvers_bound_is_at_least_the_simulated_peak(name, fraction):
     # The schedule counts the copies made for a step as alive together, an upper bound; with
     # no recomputation beyond views it is exact.
-    model, inputs = MODELS[name]()
-    joint = planner.capture(model, inputs)
-    problem = build_problem(joint, get_estimator("flops"))
-    decision = get_solver("cpsat").solve(problem, planner.Budget(fraction=fraction).resolve(problem))
-    forward, backward = emit(joint, problem, decision.saved)
-    simulated = simulate(forward, backward, joint.num_fwd_outputs).peak
-    assert simulated <= decision.peak_bytes
-    if not evaluate_names(problem, decision.saved).recompute_seconds:
-        assert simulated == decision.peak_bytes
+    bound, simulated, recomputes = _bound_and_simulated(name, fraction, "eager")
+    assert simulated <= bound
+    if not recomputes:
+        assert simulated == bound
+
+
+@pytest.mark.parametrize("name", ["gpt", "cnn"])
+def test_with_inductor_fusion_the_bound_is_exact_without_recomputation(name):
+    bound, simulated, recomputes = _bound_and_simulated(name, 1.0, "inductor")
+    assert not recomputes and simulated == bound
 
 
 def test_simulated_peak_never_rises_as_the_budget_falls():
