@@ -10,7 +10,10 @@ Both follow the same rules, read from node metadata:
 * with ``fuse=True`` (inductor), a pointwise value read only by pointwise ops and reductions is
   computed inside their kernel and never stored, unless several kernels read it and it reads
   more than ``REALIZE_READS`` stored inputs (inductor then stores it rather than recompute it
-  in each reader: its ``realize_reads_threshold``).
+  in each reader: its ``realize_reads_threshold``); a fused value's inputs are read when the
+  kernel computing it runs. :func:`simulate` also lets a fused kernel write its output into an
+  input of the same size that it reads last (inductor's in-place reuse); the schedule does not,
+  so its bound stays at or above the simulation there.
 
 :func:`simulate` walks the emitted forward and backward modules; :func:`build_schedule` gives
 the torch-free :class:`~planner.schedule.Schedule` the solvers plan with.
@@ -186,11 +189,22 @@ class _Walk:
                     last[key] = max(last.get(key, -1), kernel[node])
         kept = {key for out in keep for key in keys.get(out, ())} | set(held)
         for k, node in enumerate(nodes):
+            if self.fuse and len(made[node]) == 1 and (_fusible(node) or _absorbs(node)):
+                self.live -= self._reused(made[node][0], k, last, kept)
             self.live.update(made[node])
             if node.op == "call_function":
                 self.steps.append((phase, node.name, sum(self.size[key] for key in self.live)))
             self.live -= {key for key in self.live if key not in kept and last.get(key, -1) <= k}
         self.keys.update(keys)
+
+    def _reused(self, key: object, k: int, last: dict, kept: set) -> set:
+        """An input storage of the same size that this kernel reads last: inductor writes the
+        output into it in place (its ``# reuse``), so the output adds nothing."""
+        size = self.size[key]
+        for old in self.live:
+            if size and old not in kept and last.get(old, -1) == k and self.size[old] == size:
+                return {old}
+        return set()
 
     def _keys(self, node: fx.Node, keys: dict, phase: str, carried: dict) -> tuple[tuple, tuple]:
         """The storages ``node``'s value lives in, and those of them it allocates."""
