@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--codegen", choices=("eager", "inductor"), default="eager",
                         help="how the planned graphs run (default eager: fast to compile on CPU)")
     parser.add_argument("--estimator", default="flops", help="runtime estimator (default flops)")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per solve (default 10)")
     args = parser.parse_args(argv)
 
     cfg = GPTConfig(n_layer=args.layers)
@@ -42,12 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     joint = capture(model, batch, codegen=args.codegen)
     print(f"GPT: {cfg.n_layer} layers, d_model {cfg.d_model}, seq {cfg.seq_len}, batch {cfg.batch}; "
           f"joint graph of {len(joint)} nodes; eager loss {eager_loss:.6f}\n")
-    print("| solver | budget | saved MiB | predicted recompute overhead | plan time ms | status | loss | max grad diff |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| solver | budget | predicted peak MiB | saved MiB | predicted recompute overhead | plan time ms | status | loss | max grad diff |")
+    print("|---|---|---|---|---|---|---|---|---|")
     worst = 0.0
     for solver in available_solvers():
         for budget in BUDGETS:
-            config = PlannerConfig(memory_budget=budget, solver=solver, estimator=args.estimator, codegen=args.codegen)
+            config = PlannerConfig(memory_budget=budget, solver=solver, estimator=args.estimator, codegen=args.codegen,
+                                   time_limit=args.time_limit)
             graph_plan = solve_graph(joint, config)
             torch._dynamo.reset()  # each plan compiles a fresh copy; keep dynamo's per-code cache small
             twin = copy.deepcopy(model)
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             diff = max((grads[n] - g).abs().max().item() for n, g in eager_grads.items())
             worst = max(worst, diff, abs(loss - eager_loss))
             p = planned.predicted
-            print(f"| {solver} | {budget} | {p.saved_bytes / 2**20:.3f} | {p.overhead:.1%} | "
+            print(f"| {solver} | {budget} | {p.peak_bytes / 2**20:.3f} | {p.saved_bytes / 2**20:.3f} | {p.overhead:.1%} | "
                   f"{graph_plan.plan_seconds * 1e3:.0f} | {planned.decision.status} | {loss:.6f} | {diff:.1e} |")
     ok = worst <= 1e-5
     print(f"\nevery planned step {'matches' if ok else 'DOES NOT match'} eager (largest difference {worst:.1e})")
