@@ -25,7 +25,10 @@ def problem(joint):
 
 @pytest.mark.parametrize("solver", available_solvers())
 def test_every_plan_fits_its_peak_budget(problem, solver):
-    decisions = [get_solver(solver).solve(problem, planner.Budget(fraction=b).resolve(problem)) for b in BUDGETS]
+    # ilp (HiGHS) cannot start from a known plan; at tight budgets it returns the frugal plan
+    # at its time limit, which a short limit reaches sooner
+    solve = get_solver(solver, time_limit=5).solve
+    decisions = [solve(problem, planner.Budget(fraction=b).resolve(problem)) for b in BUDGETS]
     assert all(d.peak_bytes <= d.budget_bytes for d in decisions)
 
 
