@@ -90,7 +90,7 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint, deadline: f
 
 def _to_cp_model(model: GraphModel, peak: Limit | None = None) -> tuple[cp_model.CpModel, list, object]:
     """One Boolean per variable (continuous ones are pinned to 0/1 by their rows); each row as a
-    linear constraint, memory rows scaled from MiB back to whole bytes. A peak column becomes a
+    linear constraint, memory rows scaled back to whole bytes. A peak column becomes a
     whole number of bytes in ``[0, span]``, returned third (None without one)."""
     cp = cp_model.CpModel()
     x = [cp.NewBoolVar(f"x{k}") for k in range(model.num_vars)]
