@@ -51,13 +51,12 @@ def _neighbours(problem: Problem, plan: Evaluation, width: int):
         alive_copies = plan.recomputed & own & (s.first_read <= t) & (s.last_read >= t)
     for mask, size, flip in ((alive_saved, problem.nbytes, False), (alive_copies, s.copy_bytes, True)):
         nodes = np.flatnonzero(mask & (size > 0))
+        allowed = problem.saveable if flip else problem.recomputable
         for i in nodes[np.argsort(-size[nodes], kind="stable")][:width]:
+            if not allowed[i]:
+                continue
             saved = plan.saved.copy()
             saved[i] = flip
-            if flip and not problem.saveable[i]:
-                continue
-            if not flip and not problem.recomputable[i]:
-                continue
             try:
                 yield evaluate(problem, saved)
             except InfeasibleDecision:
