@@ -22,30 +22,21 @@ import torch
 
 import planner
 from bench.gpu_step import measure
-from planner.models import GPTConfig, gpt_example, resnet_example
+from bench.workloads import WORKLOADS
 
 RESULTS = Path(__file__).parent / "results"
 GIB = 2**30
 
 
-def gpt_stack():
-    cfg = GPTConfig(n_layer=8, d_model=1024, n_head=16, seq_len=2048, vocab=8192, dropout=0.0, batch=8)
-    model, batch = gpt_example(cfg, device="cuda")
-    return model.to(torch.bfloat16), batch
+MODELS = {name: WORKLOADS[name] for name in ("gpt", "resnet")}
 
 
-def resnet():
-    model, (images, labels) = resnet_example(batch=64, image=224, device="cuda")
-    return model.to(torch.bfloat16), (images.to(torch.bfloat16), labels)
-
-
-MODELS = {"gpt": gpt_stack, "resnet": resnet}
-
-
-def run_point(base, batch, budget: float, solver: str, time_limit: float, steps: int) -> dict:
+def run_point(base, batch, budget: float, solver: str, time_limit: float, steps: int, estimator: str = "flops") -> dict:
+    """Plan ``base`` through torch.compile at ``budget``; measured and predicted figures of one step."""
     torch._dynamo.reset()
     model = copy.deepcopy(base)
-    config = planner.PlannerConfig(codegen="inductor", memory_budget=budget, solver=solver, time_limit=time_limit)
+    config = planner.PlannerConfig(codegen="inductor", memory_budget=budget, solver=solver, time_limit=time_limit,
+                                   estimator=estimator)
     backend = planner.backend(config)
     start = time.perf_counter()
     compiled = torch.compile(model, backend=backend)
@@ -55,6 +46,7 @@ def run_point(base, batch, budget: float, solver: str, time_limit: float, steps:
     return {
         "budget": budget,
         "solver": solver,
+        "estimator": estimator,
         **result,
         "predicted_peak_bytes": timeline.peak,
         "predicted_peak_step": timeline.peak_step,

@@ -24,6 +24,7 @@ _EXPORTS = {
     "sweep": "planner.comparison",
     "to_markdown": "planner.comparison",
     "plot_pareto": "planner.comparison",
+    "plot_measured": "planner.comparison",
     "read_plan_file": "planner.plan_file",
     "JointGraph": "planner.graph",
     "build_problem": "planner.build",

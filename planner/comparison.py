@@ -11,7 +11,7 @@ from planner.compiler import solve_graph
 from planner.config import PlannerConfig
 from planner.tracing import as_inputs, capture
 
-__all__ = ["sweep", "to_markdown", "plot_pareto"]
+__all__ = ["sweep", "to_markdown", "plot_pareto", "plot_measured"]
 
 COLUMNS = ("solver", "estimator", "budget", "saved_mib", "recompute_ms", "overhead", "plan_ms", "status", "gap")
 
@@ -82,6 +82,41 @@ def plot_pareto(records: list[dict[str, Any]], path: str | Path, title: str = "P
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_measured(rows: list[dict[str, Any]], path: str | Path, title: str = "Measured peak memory vs step time") -> Path:
+    """Measured peak activation memory (x, GiB) against step time (y, ms), a line per method.
+
+    ``rows`` are the records of ``bench/pareto.py`` (``method``, ``solver``, ``budget``,
+    ``peak_activation_bytes``, ``step_ms``); methods with one point (eager, checkpointing) are
+    drawn as markers, each budget sweep as a line through its points in memory order.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def curve(row):
+        return f"planner {row['solver']}" if row["method"] == "planner" else row["method"]
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for key in sorted({curve(r) for r in rows}, key=lambda k: (k.startswith("planner"), k)):
+        points = sorted((r["peak_activation_bytes"] / 2**30, r["step_ms"]) for r in rows if curve(r) == key)
+        style = {"linestyle": "none", "marker": "s", "markersize": 8} if len(points) == 1 else {"marker": "o"}
+        if key == "torch.compile":
+            style.update(color="black", linewidth=2)
+        ax.plot(*zip(*points), label=key, **style)
+    ax.set_xlabel("peak activation memory (GiB, measured)")
+    ax.set_ylabel("step time (ms, median)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,172 @@
+"""Pareto curves of measured peak activation memory against step time: the planner and PyTorch.
+
+In one process on one GPU, for one workload (``--model``): eager without checkpointing; eager
+with ``torch.utils.checkpoint`` on every block; ``torch.compile`` with PyTorch's own
+``activation_memory_budget`` at each budget; and the planner as the torch.compile backend
+(inductor) for each solver at the same budgets. Per point: measured peak activation memory
+(``max_memory_allocated`` during the steps minus ``memory_allocated`` before them), the median
+step time over ``--steps`` CUDA-event-timed steps after a warm-up step, the first step's wall
+time (tracing, planning and compiling), and for the planner its plan time and predictions
+(simulated peak, recompute seconds, solver status).
+
+Writes ``<out>.json``, ``<out>.md`` (the table and the targets) and ``<out>.png`` (memory on x,
+step time on y, a line per method).
+
+    python -m bench.pareto [--model gpt|gpt-large|resnet] [--solvers mincut greedy dp ilp cpsat]
+    python -m bench.pareto --methods torch planner --solvers cpsat --out part2   # a subset
+    python -m bench.pareto --report part1.json part2.json --out merged        # merge runs
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+GIB = 2**30
+BUDGETS = [1.0, 0.8, 0.6, 0.4, 0.2, 0.1, 0.05, 0.0]
+METHODS = ["eager", "checkpoint", "torch", "planner"]
+SOLVERS = ["mincut", "greedy", "dp", "ilp", "cpsat"]
+
+
+def label(row: dict) -> str:
+    """The curve a row belongs to: eager, checkpoint, torch.compile, or planner <solver>."""
+    return f"planner {row['solver']}" if row["method"] == "planner" else row["method"]
+
+
+def run(args) -> list[dict]:
+    import torch
+
+    from bench.gpu_memory import run_point
+    from bench.gpu_step import measure
+    from bench.workloads import WORKLOADS, checkpoint_blocks
+
+    base, batch = WORKLOADS[args.model]()
+    rows: list[dict] = []
+
+    def record(row: dict) -> None:
+        rows.append({"model": args.model, **row})
+        print(_table_row(rows[-1]), flush=True)
+
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, model {args.model}")
+    print(_HEADER, flush=True)
+    if "eager" in args.methods:
+        model = copy.deepcopy(base)
+        record({"method": "eager", "budget": None, **_timed(lambda: measure(model, list(model.parameters()), batch, args.steps))})
+    if "checkpoint" in args.methods:
+        model = checkpoint_blocks(copy.deepcopy(base))
+        record({"method": "checkpoint", "budget": None, **_timed(lambda: measure(model, list(model.parameters()), batch, args.steps))})
+    if "torch" in args.methods:
+        for budget in args.budgets:
+            torch._dynamo.reset()
+            model = copy.deepcopy(base)
+            with torch._functorch.config.patch(activation_memory_budget=budget):
+                result = _timed(lambda: measure(torch.compile(model), list(model.parameters()), batch, args.steps))
+            record({"method": "torch.compile", "budget": budget, **result})
+    if "planner" in args.methods:
+        for solver in args.solvers:
+            for budget in args.budgets:
+                point = run_point(base, batch, budget, solver, args.time_limit, args.steps, args.estimator)
+                record({"method": "planner", **point})
+    return rows
+
+
+def _timed(measure_step) -> dict:
+    start = time.perf_counter()
+    result = measure_step()
+    return {**result, "first_step_seconds": time.perf_counter() - start}
+
+
+_HEADER = ("| method | budget | peak activation GiB | step ms | predicted peak GiB | plan s | status |\n"
+           "|---|---|---|---|---|---|---|")
+
+
+def _table_row(row: dict) -> str:
+    def fmt(key, scale=1.0, spec=".3f"):
+        return "-" if row.get(key) is None else format(row[key] / scale, spec)
+
+    budget = "-" if row.get("budget") is None else f"{row['budget']:g}"
+    return (f"| {label(row)} | {budget} | {fmt('peak_activation_bytes', GIB)} | {fmt('step_ms', spec='.1f')} "
+            f"| {fmt('predicted_peak_bytes', GIB)} | {fmt('plan_seconds', spec='.1f')} | {row.get('status') or '-'} |")
+
+
+def targets(rows: list[dict]) -> list[str]:
+    """The Pareto targets, as markdown lines with the figures that decide them.
+
+    1. For every torch.compile point, a planner point with no more memory and no more step time.
+    2. A planner point with at most 0.8x the memory of torch.compile's smallest-memory point
+       at no more than its step time.
+    """
+    torch_rows = [r for r in rows if r["method"] == "torch.compile"]
+    ours = [r for r in rows if r["method"] == "planner"]
+    if not torch_rows or not ours:
+        return ["targets need torch.compile and planner rows"]
+    lines = ["| torch.compile budget | its GiB / ms | best planner point with no more memory | ratio of step time | dominated |",
+             "|---|---|---|---|---|"]
+    met = 0
+    for t in torch_rows:
+        fits = [r for r in ours if r["peak_activation_bytes"] <= t["peak_activation_bytes"]]
+        best = min(fits, key=lambda r: r["step_ms"], default=None)
+        ok = best is not None and best["step_ms"] <= t["step_ms"]
+        met += ok
+        point = "none" if best is None else f"{label(best)} at {best['budget']:g}: {best['peak_activation_bytes'] / GIB:.3f} GiB / {best['step_ms']:.1f} ms"
+        ratio = "-" if best is None else f"{best['step_ms'] / t['step_ms']:.3f}"
+        lines.append(f"| {t['budget']:g} | {t['peak_activation_bytes'] / GIB:.3f} / {t['step_ms']:.1f} | {point} | {ratio} | {'yes' if ok else 'no'} |")
+    smallest = min(torch_rows, key=lambda r: r["peak_activation_bytes"])
+    small = [r for r in ours if r["peak_activation_bytes"] <= 0.8 * smallest["peak_activation_bytes"] and r["step_ms"] <= smallest["step_ms"]]
+    best = min(small, key=lambda r: r["peak_activation_bytes"], default=None)
+    lines += ["", f"- Dominated torch.compile points: {met} of {len(torch_rows)} (target: all)."]
+    lines.append(f"- torch.compile's smallest-memory point: budget {smallest['budget']:g}, "
+                 f"{smallest['peak_activation_bytes'] / GIB:.3f} GiB at {smallest['step_ms']:.1f} ms; planner points with at most "
+                 f"0.8x that memory and no more step time: {len(small)}"
+                 + ("" if best is None else f" (least memory: {label(best)} at {best['budget']:g}, "
+                    f"{best['peak_activation_bytes'] / GIB:.3f} GiB = {best['peak_activation_bytes'] / smallest['peak_activation_bytes']:.2f}x, "
+                    f"{best['step_ms']:.1f} ms)") + " (target: at least one).")
+    return lines
+
+
+def write(rows: list[dict], out: Path, device: str, torch_version: str) -> None:
+    """``out``.json, .md and .png of the rows."""
+    from planner.comparison import plot_measured
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"device": device, "torch": torch_version, "rows": rows}, indent=1))
+    model = rows[0]["model"] if rows else "?"
+    text = [f"{device}, torch {torch_version}, model {model}", "", _HEADER, *map(_table_row, rows), "", *targets(rows)]
+    out.with_suffix(".md").write_text("\n".join(text) + "\n")
+    plot_measured(rows, out.with_suffix(".png"), title=f"{model} on {device}")
+    print("\n".join(targets(rows)))
+    print(f"wrote {out.with_suffix('.json')}, .md, .png")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gpt", choices=["gpt", "gpt-large", "resnet"])
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS)
+    parser.add_argument("--solvers", nargs="+", default=SOLVERS)
+    parser.add_argument("--budgets", type=float, nargs="+", default=BUDGETS)
+    parser.add_argument("--estimator", default="flops")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve (ilp, cpsat, the frugal end)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=None, help="output path without suffix (default bench/results/pareto-<model>)")
+    parser.add_argument("--report", type=Path, nargs="+", help="merge these JSON files instead of measuring")
+    args = parser.parse_args(argv)
+    out = args.out or RESULTS / f"pareto-{args.model}"
+    if args.report:
+        runs = [json.loads(path.read_text()) for path in args.report]
+        devices = {r["device"] for r in runs}
+        if len(devices) > 1:
+            parser.error(f"the files were measured on different devices ({', '.join(sorted(devices))}); compare one device's runs")
+        write([row for r in runs for row in r["rows"]], out, runs[0]["device"], runs[0]["torch"])
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error("this benchmark measures GPU memory and needs CUDA; run it on a GPU machine")
+    write(run(args), out, torch.cuda.get_device_name(), torch.__version__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""bench/pareto.py's report: targets decided from the rows, files written from merged runs."""
+import json
+
+from bench.pareto import main, targets
+
+GIB = 2**30
+
+
+def _row(method, budget, gib, ms, solver=None):
+    return {"model": "gpt", "method": method, "solver": solver, "budget": budget,
+            "peak_activation_bytes": int(gib * GIB), "step_ms": ms}
+
+
+def test_targets_count_dominated_points_and_the_small_memory_point():
+    rows = [_row("torch.compile", 1.0, 4.0, 28.0), _row("torch.compile", 0.0, 2.5, 36.0),
+            _row("planner", 1.0, 3.9, 28.5, "cpsat"), _row("planner", 0.0, 1.9, 35.0, "cpsat")]
+    text = "\n".join(targets(rows))
+    assert "Dominated torch.compile points: 1 of 2" in text  # 28.5 ms > 28.0 ms at budget 1
+    assert "| 1 | 4.000 / 28.0 | planner cpsat at 1: 3.900 GiB / 28.5 ms | 1.018 | no |" in text
+    assert "| 0 | 2.500 / 36.0 | planner cpsat at 0: 1.900 GiB / 35.0 ms | 0.972 | yes |" in text
+    assert "no more step time: 1 (least memory: planner cpsat at 0, 1.900 GiB = 0.76x, 35.0 ms)" in text
+
+
+def test_no_planner_point_small_enough_is_reported():
+    rows = [_row("torch.compile", 0.0, 2.0, 30.0), _row("planner", 0.0, 1.7, 29.0, "greedy")]
+    text = "\n".join(targets(rows))
+    assert "no more step time: 0 (target: at least one)" in text  # 1.7 > 0.8 * 2.0
+
+
+def test_report_merges_runs_into_json_markdown_and_png(tmp_path):
+    parts = []
+    for i, rows in enumerate([[_row("eager", None, 5.0, 30.0), _row("torch.compile", 0.5, 3.0, 31.0)],
+                              [_row("planner", 0.5, 2.9, 30.5, "cpsat"), _row("planner", 0.0, 1.5, 33.0, "cpsat")]]):
+        path = tmp_path / f"part{i}.json"
+        path.write_text(json.dumps({"device": "GPU X", "torch": "2.11", "rows": rows}))
+        parts.append(str(path))
+    main(["--report", *parts, "--out", str(tmp_path / "merged")])
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert [r["method"] for r in merged["rows"]] == ["eager", "torch.compile", "planner", "planner"]
+    table = (tmp_path / "merged.md").read_text()
+    assert "| planner cpsat | 0.5 | 2.900 | 30.5 |" in table and "Dominated torch.compile points: 1 of 1" in table
+    assert (tmp_path / "merged.png").read_bytes()[:4] == b"\x89PNG"
