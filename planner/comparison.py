@@ -77,17 +77,7 @@ def plot_pareto(records: list[dict[str, Any]], path: str | Path, title: str = "P
     for key in sorted({(r["solver"], r["estimator"]) for r in records}):
         points = sorted((r["saved_mib"], r["recompute_ms"]) for r in records if (r["solver"], r["estimator"]) == key)
         ax.plot(*zip(*points), marker="o", label=f"{key[0]} ({key[1]})")
-    ax.set_xlabel("saved activations (MiB, predicted)")
-    ax.set_ylabel("recompute time (ms, predicted)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path, title, "saved activations (MiB, predicted)", "recompute time (ms, predicted)")
 
 
 def plot_measured(rows: list[dict[str, Any]], path: str | Path, title: str = "Measured peak memory vs step time") -> Path:
@@ -112,8 +102,15 @@ def plot_measured(rows: list[dict[str, Any]], path: str | Path, title: str = "Me
         if key == "torch.compile":
             style.update(color="black", linewidth=2)
         ax.plot(*zip(*points), label=key, **style)
-    ax.set_xlabel("peak activation memory (GiB, measured)")
-    ax.set_ylabel("step time (ms, median)")
+    return _finish(fig, ax, path, title, "peak activation memory (GiB, measured)", "step time (ms, median)")
+
+
+def _finish(fig, ax, path: str | Path, title: str, xlabel: str, ylabel: str) -> Path:
+    """Label, save as PNG and close one plot."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
