@@ -36,7 +36,7 @@ def label(row: dict) -> str:
     return f"planner {row['solver']}" if row["method"] == "planner" else row["method"]
 
 
-def run(args) -> list[dict]:
+def run(args, out: Path) -> list[dict]:
     import torch
 
     from bench.gpu_memory import run_point
@@ -48,6 +48,7 @@ def run(args) -> list[dict]:
 
     def record(row: dict) -> None:
         rows.append({"model": args.model, **row})
+        _save(rows, out.with_suffix(".json"), torch.cuda.get_device_name(), torch.__version__)  # a cut-off run keeps its rows
         print(_table_row(rows[-1]), flush=True)
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, model {args.model}")
@@ -127,12 +128,16 @@ def targets(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _save(rows: list[dict], path: Path, device: str, torch_version: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"device": device, "torch": torch_version, "rows": rows}, indent=1))
+
+
 def write(rows: list[dict], out: Path, device: str, torch_version: str) -> None:
     """``out``.json, .md and .png of the rows."""
     from planner.comparison import plot_measured
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"device": device, "torch": torch_version, "rows": rows}, indent=1))
+    _save(rows, out.with_suffix(".json"), device, torch_version)
     model = rows[0]["model"] if rows else "?"
     text = [f"{device}, torch {torch_version}, model {model}", "", _HEADER, *map(_table_row, rows), "", *targets(rows)]
     out.with_suffix(".md").write_text("\n".join(text) + "\n")
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not torch.cuda.is_available():
         parser.error("this benchmark measures GPU memory and needs CUDA; run it on a GPU machine")
-    write(run(args), out, torch.cuda.get_device_name(), torch.__version__)
+    write(run(args, out), out, torch.cuda.get_device_name(), torch.__version__)
 
 
 if __name__ == "__main__":

@@ -2,18 +2,20 @@
 
     >>> from estimators import available_estimators
     >>> available_estimators()
-    ['constant', 'flops']
+    ['constant', 'flops', 'profile', 'roofline']
 """
 from __future__ import annotations
 
 from estimators.base import Estimator
 from estimators.constant import ConstantEstimator
 from estimators.flops import FlopsEstimator
+from estimators.profile import ProfileEstimator
+from estimators.roofline import RooflineEstimator
 from planner.registry import Registry
 
 __all__ = ["Estimator", "get_estimator", "available_estimators", "register_estimator"]
 
-REGISTRY: Registry[Estimator] = Registry("estimator", (ConstantEstimator, FlopsEstimator))
+REGISTRY: Registry[Estimator] = Registry("estimator", (ConstantEstimator, FlopsEstimator, ProfileEstimator, RooflineEstimator))
 available_estimators = REGISTRY.names
 get_estimator = REGISTRY.create
 register_estimator = REGISTRY.register

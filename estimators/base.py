@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import torch.fx as fx
 
@@ -17,6 +17,9 @@ class Estimator(ABC):
     """
 
     name: ClassVar[str]
+
+    def prepare(self, nodes: Sequence[fx.Node]) -> None:
+        """Called once with every node about to be estimated (the profiler measures them here)."""
 
     @abstractmethod
     def runtime(self, node: fx.Node) -> float:

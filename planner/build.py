@@ -28,6 +28,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False) -
     index = {node: i for i, node in enumerate(nodes)}
     needed = set(joint.needed_by_backward)
     n = len(nodes)
+    estimator.prepare(nodes)
     nbytes = np.zeros(n, dtype=np.int64)
     runtime = np.zeros(n, dtype=np.float64)
     saveable = np.zeros(n, dtype=bool)
@@ -97,8 +98,7 @@ def _rng_state_bytes(nodes: list[fx.Node]) -> int:
 
 def estimate_step_seconds(joint: JointGraph, estimator: Estimator) -> float:
     """Estimated runtime of the whole training step without recomputation, seconds."""
-    return sum(
-        estimator.runtime(node)
-        for node in joint.graph.nodes
-        if node.op == "call_function" and not is_getitem(node) and aliased_input(node) is None
-    )
+    nodes = [node for node in joint.graph.nodes
+             if node.op == "call_function" and not is_getitem(node) and aliased_input(node) is None]
+    estimator.prepare(nodes)
+    return sum(estimator.runtime(node) for node in nodes)

@@ -1,4 +1,4 @@
-"""bench/pareto.py's report: targets decided from the rows, files written from merged runs."""
+"""The benchmarks' reports: targets decided from the rows, files written from merged runs."""
 import json
 
 from bench.pareto import main, targets
@@ -40,3 +40,22 @@ def test_report_merges_runs_into_json_markdown_and_png(tmp_path):
     table = (tmp_path / "merged.md").read_text()
     assert "| planner cpsat | 0.5 | 2.900 | 30.5 |" in table and "Dominated torch.compile points: 1 of 1" in table
     assert (tmp_path / "merged.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _plan(estimator, budget, predicted_ms, step_ms, role="plan"):
+    return {"role": role, "estimator": estimator, "budget": budget, "recompute_seconds": predicted_ms / 1e3,
+            "step_ms": step_ms, "peak_activation_bytes": GIB, "status": "optimal"}
+
+
+def test_estimator_summary_ranks_errors_and_compares_with_flops():
+    from bench.estimators import summarise
+
+    rows = [_plan("flops", 1.0, 0.0, 30.0, "baseline"), _plan("flops", 1.0, 0.0, 30.2, "baseline")]
+    for budget, measured in [(0.8, 1.0), (0.4, 2.0), (0.0, 4.0)]:
+        rows.append(_plan("roofline", budget, measured * 1.1, 30.1 + measured))  # same order, 10% high
+        rows.append(_plan("flops", budget, 5.0 - measured, 30.1 + measured + 0.5))  # reversed order
+    text = "\n".join(summarise(rows))
+    assert "median 30.10; spread 0.20 ms" in text
+    assert "| roofline | 1.00 | 10% | met |" in text
+    assert "| flops | -1.00 |" in text
+    assert "| 0.4 | 32.60 | 0.985 |" in text  # roofline's plan 0.5 ms faster than flops' at budget 0.4

@@ -1,0 +1,237 @@
+"""Runtime measured on the device: every distinct op runs on real random tensors.
+
+An op is identified by its signature: target, argument shapes, strides and dtypes, and its
+non-tensor arguments. Each distinct signature runs on the device its tensors live on (CUDA
+events there, ``perf_counter`` on the CPU), after warm-up runs; its runtime is the median of
+the timed repeats. Results are cached on disk per torch version and device name, so a graph
+is profiled once per machine; the cache is merged and replaced atomically under a file lock,
+so concurrent runs cannot corrupt it or drop each other's entries.
+
+Integer inputs are zeros (a valid index for any embedding, gather or loss), floating inputs
+standard normal. Ops that cannot run on real tensors (custom ops with only a fake
+implementation, symbolic shapes, ops that are not ATen operators) are priced by the roofline
+estimator instead and listed in :attr:`ProfileEstimator.fallbacks`.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten, tree_map
+
+from estimators.base import Estimator
+from estimators.roofline import RooflineEstimator
+from planner.ops import aliased_input, first_tensor, is_getitem
+
+__all__ = ["ProfileEstimator", "signature", "default_cache_dir"]
+
+
+def default_cache_dir() -> Path:
+    """``$ACPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/acplanner``, else ``~/.cache/acplanner``."""
+    if os.environ.get("ACPLAN_CACHE_DIR"):
+        return Path(os.environ["ACPLAN_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "acplanner"
+
+
+class ProfileEstimator(Estimator):
+    """Parameters
+    ----------
+    repeats : timed runs per op (median taken), default 10.
+    warmup : untimed runs before them, default 3.
+    cache_dir : where the cache files live (default :func:`default_cache_dir`); ``None`` with
+        ``cache=False`` keeps results in memory only.
+    cache : read and write the disk cache (default True).
+    progress : show a progress bar while profiling (default True).
+
+    After estimating, ``measured`` counts the signatures run here, ``cached`` those read from
+    disk, and ``fallbacks`` maps each signature priced by the roofline instead to the reason.
+    """
+
+    name = "profile"
+
+    def __init__(self, repeats: int = 10, warmup: int = 3, cache_dir: str | Path | None = None, cache: bool = True,
+                 progress: bool = True) -> None:
+        self.repeats, self.warmup = max(1, int(repeats)), max(0, int(warmup))
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.cache, self.progress = bool(cache), bool(progress)
+        self.seconds: dict[str, float] = {}
+        self.fallbacks: dict[str, str] = {}
+        self.measured = self.cached = 0
+        self._roofline = RooflineEstimator()
+        self._loaded: set[Path] = set()
+
+    def prepare(self, nodes: Sequence[fx.Node]) -> None:
+        """Profile every distinct op of ``nodes`` not yet known, with a progress bar."""
+        from tqdm.auto import tqdm
+
+        todo: dict[str, fx.Node] = {}
+        for node in nodes:
+            if _priced(node):
+                self._load(node)
+                key = signature(node)
+                if key not in self.seconds and key not in self.fallbacks:
+                    todo.setdefault(key, node)
+        fresh = {}
+        for key, node in tqdm(todo.items(), desc="profiling ops", disable=not self.progress or not todo, leave=False):
+            fresh[key] = self._profile(key, node)
+        fresh = {k: v for k, v in fresh.items() if v is not None}
+        if fresh and self.cache:
+            by_file: dict[Path, dict] = {}
+            for key, node in todo.items():
+                if key in fresh:
+                    by_file.setdefault(self._file(node), {})[key] = fresh[key]
+            for path, entries in by_file.items():
+                _merge_into(path, entries)
+
+    def runtime(self, node: fx.Node) -> float:
+        if not _priced(node):
+            return 0.0
+        key = signature(node)
+        if key not in self.seconds and key not in self.fallbacks:
+            self.prepare([node])
+        if key in self.fallbacks:
+            return self._roofline.runtime(node)
+        return self.seconds[key]
+
+    def report(self) -> str:
+        """How many ops were measured, read from the cache, or priced by the roofline (and why)."""
+        lines = [f"profile: {self.measured} ops measured, {self.cached} from the cache, {len(self.fallbacks)} priced by roofline"]
+        lines += [f"  {key.split('|', 1)[0]}: {reason}" for key, reason in sorted(self.fallbacks.items())]
+        return "\n".join(lines)
+
+    def _file(self, node: fx.Node) -> Path:
+        device = first_tensor(node.meta.get("val")).device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{torch.__version__}-{name}").strip("-")
+        return self.cache_dir / f"profile-{slug}.json"
+
+    def _load(self, node: fx.Node) -> None:
+        if not self.cache:
+            return
+        path = self._file(node)
+        if path in self._loaded:
+            return
+        self._loaded.add(path)
+        entries = _read(path)
+        self.cached += sum(1 for key in entries if key not in self.seconds)
+        self.seconds.update(entries)
+
+    def _profile(self, key: str, node: fx.Node) -> float | None:
+        reason = _unrunnable(node)
+        if reason is None:
+            try:
+                seconds = _time_op(node, self.repeats, self.warmup)
+            except Exception as err:  # any failure to run it on real tensors prices it by roofline
+                reason = f"cannot run on real tensors: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        if reason is not None:
+            self.fallbacks[key] = reason
+            return None
+        self.seconds[key] = seconds
+        self.measured += 1
+        return seconds
+
+
+def _priced(node: fx.Node) -> bool:
+    return (node.op == "call_function" and not is_getitem(node) and aliased_input(node) is None
+            and first_tensor(node.meta.get("val")) is not None)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, fx.Node):
+        value = value.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return f"T({tuple(value.shape)},{tuple(value.stride())},{value.dtype},{value.device.type})"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_describe(v) for v in value) + "]"
+    return repr(value)
+
+
+def signature(node: fx.Node) -> str:
+    """``target|sha1`` of the op and its argument shapes, strides, dtypes and other arguments."""
+    described = _describe(list(node.args)) + _describe(sorted(node.kwargs.items()))
+    return f"{node.target}|{hashlib.sha1(described.encode()).hexdigest()[:20]}"
+
+
+def _unrunnable(node: fx.Node) -> str | None:
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return f"not an ATen operator ({node.target})"
+    values, _ = tree_flatten([_val(a) for a in node.args] + [_val(v) for v in node.kwargs.values()])
+    if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in values):
+        return "symbolic sizes"
+    if any(isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape) for v in values):
+        return "symbolic shapes"
+    return None
+
+
+def _val(arg):
+    return arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+
+
+def _real(fake: torch.Tensor) -> torch.Tensor:
+    t = torch.empty_strided(tuple(fake.shape), tuple(fake.stride()), dtype=fake.dtype, device=fake.device)
+    if fake.dtype.is_floating_point or fake.dtype.is_complex:
+        return t.normal_()
+    if fake.dtype == torch.bool:
+        return t.copy_(torch.rand(t.shape, device=t.device) < 0.5)
+    return t.zero_()
+
+
+def _time_op(node: fx.Node, repeats: int, warmup: int) -> float:
+    def make(arg):
+        val = _val(arg)
+        return _real(val) if isinstance(val, torch.Tensor) else val
+
+    is_node = lambda x: isinstance(x, fx.Node)  # noqa: E731
+    args = tree_map(make, node.args, is_leaf=is_node)
+    kwargs = tree_map(make, node.kwargs, is_leaf=is_node)
+    device = first_tensor(node.meta["val"]).device
+    cuda = device.type == "cuda"
+    with torch.no_grad():
+        for _ in range(warmup):
+            node.target(*args, **kwargs)
+        times = []
+        for _ in range(repeats):
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                node.target(*args, **kwargs)
+                end.record()
+                torch.cuda.synchronize(device)
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                node.target(*args, **kwargs)
+                times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _read(path: Path) -> dict[str, float]:
+    """The cache file's entries; a missing or unreadable file is an empty cache (it is rewritten)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    entries = data.get("seconds") if isinstance(data, dict) else None
+    return {k: float(v) for k, v in entries.items() if isinstance(v, (int, float))} if isinstance(entries, dict) else {}
+
+
+def _merge_into(path: Path, entries: dict[str, float]) -> None:
+    """Add ``entries`` to the cache file: under a lock, read, merge, write a temp file, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        merged = {**_read(path), **entries}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"torch": torch.__version__, "seconds": merged}, f, indent=0, sort_keys=True)
+        os.replace(tmp, path)

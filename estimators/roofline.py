@@ -1,0 +1,166 @@
+"""Runtime as a roofline: ``max(flops / peak_flops, bytes moved / peak_bandwidth)`` per op.
+
+The peaks are the current device's, measured once per process by a quick calibration (a large
+matrix product per precision, a large device-to-device copy, a tiny kernel for the launch
+cost); datasheet figures for common GPUs (:data:`DATASHEET`) are used instead with
+``calibrate=False``. Bytes are counted as inductor moves them: a pointwise value that inductor
+computes inside the kernels reading it is neither written nor read back, so a fusible
+pointwise chain costs one memory pass (its stored inputs read once, its stored output written
+once) however many ops it has.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import torch.fx as fx
+
+from estimators.base import Estimator
+from estimators.flops import count_flops
+from planner.errors import ConfigError
+from planner.memory import readers, stored_bytes
+from planner.ops import aliased_input, first_tensor, is_getitem
+
+__all__ = ["RooflineEstimator", "Rates", "DATASHEET", "device_rates", "measure_rates", "datasheet_rates"]
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Peak rates of one device: matrix FLOP/s in 16-bit and in 32-bit floats, bytes/s, launch seconds."""
+
+    half_flops: float
+    single_flops: float
+    bandwidth: float
+    launch: float = 0.0
+    source: str = "datasheet"
+
+    def flops_rate(self, dtype: torch.dtype) -> float:
+        return self.half_flops if dtype in (torch.bfloat16, torch.float16) else self.single_flops
+
+
+# Dense tensor-core rates (single = TF32, torch's default for float32 convolutions) and HBM
+# bandwidth from NVIDIA's datasheets; SXM parts unless named. Longest name matches first.
+DATASHEET: dict[str, Rates] = {
+    "H200": Rates(989e12, 494e12, 4.8e12, 4e-6),
+    "H100 PCIe": Rates(756e12, 378e12, 2.0e12, 4e-6),
+    "H100": Rates(989e12, 494e12, 3.35e12, 4e-6),
+    "A100": Rates(312e12, 156e12, 2.039e12, 4e-6),
+}
+
+
+def datasheet_rates(device_name: str) -> Rates | None:
+    """The datasheet entry whose name appears in ``device_name`` (``None`` if none does)."""
+    for name in sorted(DATASHEET, key=len, reverse=True):
+        if name in device_name:
+            return DATASHEET[name]
+    return None
+
+
+class RooflineEstimator(Estimator):
+    """Parameters
+    ----------
+    calibrate : measure the device's peaks (default); ``False`` takes them from :data:`DATASHEET`.
+    fuse : count bytes as inductor fuses pointwise chains (default; ``False`` for eager codegen).
+    flops_per_second, bytes_per_second : fixed rates instead (both or neither).
+    """
+
+    name = "roofline"
+
+    def __init__(self, calibrate: bool = True, fuse: bool = True, flops_per_second: float | None = None,
+                 bytes_per_second: float | None = None) -> None:
+        if (flops_per_second is None) != (bytes_per_second is None):
+            raise ConfigError("roofline: give both flops_per_second and bytes_per_second, or neither")
+        self.calibrate, self.fuse = bool(calibrate), bool(fuse)
+        self.fixed = None if flops_per_second is None else Rates(flops_per_second, flops_per_second, bytes_per_second, 0.0, "given")
+        self.rates: Rates | None = None  # set by the first estimate, for the device of its tensors
+
+    def runtime(self, node: fx.Node) -> float:
+        out = first_tensor(node.meta.get("val"))
+        if aliased_input(node) is not None or is_getitem(node) or out is None:
+            return 0.0
+        if self.rates is None:
+            self.rates = self.fixed or device_rates(out.device, self.calibrate)
+        flops = count_flops(node)
+        moved = self.bytes_moved(node)
+        if not flops and not moved:
+            return 0.0  # computed inside its readers' kernels from values they load anyway
+        dtype = max((t.dtype for t in _input_tensors(node)), key=lambda d: d.itemsize, default=out.dtype)
+        return max(flops / self.rates.flops_rate(dtype), moved / self.rates.bandwidth) + self.rates.launch
+
+    def bytes_moved(self, node: fx.Node) -> int:
+        """Bytes the node's kernel reads from and writes to memory, with fused producers free."""
+        written = stored_bytes(node, readers(node), self.fuse) if self.fuse else _nbytes(node)
+        read = 0
+        for inp in node.all_input_nodes:
+            root = inp
+            while aliased_input(root) is not None:
+                root = aliased_input(root)
+            if self.fuse and isinstance(root.meta.get("val"), torch.Tensor) and root.op == "call_function" \
+                    and stored_bytes(root, readers(root), True) == 0:
+                continue  # inlined: its own inputs are what the kernel reads
+            read += _nbytes(inp)
+        return written + read
+
+
+def _nbytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
+
+
+def _input_tensors(node: fx.Node) -> list[torch.Tensor]:
+    return [inp.meta["val"] for inp in node.all_input_nodes if isinstance(inp.meta.get("val"), torch.Tensor)]
+
+
+def device_rates(device: torch.device, calibrate: bool = True) -> Rates:
+    """Measured peaks of ``device``, or with ``calibrate=False`` its datasheet entry.
+
+    Raises
+    ------
+    ConfigError
+        With ``calibrate=False`` on a device the datasheet lacks.
+    """
+    if calibrate:
+        return measure_rates(str(device))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    rates = datasheet_rates(name)
+    if rates is None:
+        raise ConfigError(f"roofline: no datasheet rates for {name!r} (known: {', '.join(DATASHEET)}); "
+                          f"use estimator_options calibrate=true, or give flops_per_second and bytes_per_second")
+    return rates
+
+
+@lru_cache(maxsize=None)
+def measure_rates(device: str) -> Rates:
+    """Quick peaks of one device (about a second): best of a few timed runs of each probe."""
+    dev = torch.device(device)
+    big = dev.type == "cuda"
+    n = 8192 if big else 512
+    half = _best(lambda a, b: a @ b, *(torch.randn(n, n, device=dev, dtype=torch.bfloat16) for _ in range(2)), dev)
+    single = _best(lambda a, b: a @ b, *(torch.randn(n, n, device=dev) for _ in range(2)), dev)
+    numel = (2**28 if big else 2**24) // 4
+    src, dst = torch.randn(numel, device=dev), torch.empty(numel, device=dev)
+    copy = _best(lambda s, d: d.copy_(s), src, dst, dev)
+    tiny = torch.randn(16, device=dev)
+    launch = _best(lambda t, _: t.add(1.0), tiny, None, dev) if big else 0.0
+    return Rates(2 * n**3 / half, 2 * n**3 / single, 2 * src.nbytes / copy, launch, f"measured on {device}")
+
+
+def _best(fn, a, b, dev: torch.device, repeats: int = 5) -> float:
+    """Least seconds of ``fn(a, b)`` over a few runs after a warm-up."""
+    fn(a, b)
+    times = []
+    for _ in range(repeats):
+        if dev.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(a, b)
+            end.record()
+            torch.cuda.synchronize(dev)
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn(a, b)
+            times.append(time.perf_counter() - t0)
+    return max(min(times), 1e-9)

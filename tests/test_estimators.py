@@ -1,0 +1,120 @@
+"""Estimators: the roofline's fused byte counts and rates, the profiler's cache and fallbacks."""
+import json
+import multiprocessing
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from estimators import available_estimators, get_estimator
+from estimators.profile import ProfileEstimator, _merge_into, _read, signature
+from estimators.roofline import DATASHEET, RooflineEstimator, datasheet_rates, device_rates
+from planner.errors import ConfigError
+
+
+def _nodes(fn, *args):
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    return {str(n.target).split(".")[1]: n for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def _chain(x, y, w):
+    return torch.mm(x.sin().cos() * y, w)
+
+
+X, Y, W = torch.randn(64, 32), torch.randn(64, 32), torch.randn(32, 16)
+BYTES = 64 * 32 * 4  # one [64, 32] float32 tensor
+
+
+def test_every_estimator_is_selectable_by_name():
+    assert available_estimators() == ["constant", "flops", "profile", "roofline"]
+    for name in available_estimators():
+        assert get_estimator(name).name == name
+
+
+def test_roofline_costs_a_fused_pointwise_chain_as_one_memory_pass():
+    nodes = _nodes(_chain, X, Y, W)
+    est = RooflineEstimator(flops_per_second=1e30, bytes_per_second=1.0)  # seconds == bytes moved
+    chain = [est.runtime(nodes[op]) for op in ("sin", "cos", "mul")]
+    assert chain == [BYTES, 0.0, 2 * BYTES]  # sin reads x; cos is inlined; mul reads y, writes its output
+    assert sum(chain) == 3 * BYTES  # x and y read once, the product written once
+    unfused = RooflineEstimator(fuse=False, flops_per_second=1e30, bytes_per_second=1.0)
+    assert [unfused.runtime(nodes[op]) for op in ("sin", "cos", "mul")] == [2 * BYTES, 2 * BYTES, 3 * BYTES]
+
+
+def test_roofline_matrix_product_is_bound_by_the_slower_of_flops_and_bytes():
+    mm = _nodes(_chain, X, Y, W)["mm"]
+    flops, moved = 2 * 64 * 32 * 16, (64 * 32 + 32 * 16 + 64 * 16) * 4
+    assert RooflineEstimator(flops_per_second=1.0, bytes_per_second=1e30).runtime(mm) == flops
+    assert RooflineEstimator(flops_per_second=1e30, bytes_per_second=1.0).runtime(mm) == moved
+
+
+def test_roofline_rates_from_the_datasheet_and_from_measurement():
+    assert datasheet_rates("NVIDIA H100 80GB HBM3") is DATASHEET["H100"]
+    assert datasheet_rates("NVIDIA H100 PCIe") is DATASHEET["H100 PCIe"]
+    assert datasheet_rates("NVIDIA H200") is DATASHEET["H200"]
+    assert datasheet_rates("NVIDIA A100-SXM4-80GB") is DATASHEET["A100"]
+    assert datasheet_rates("Tesla T4") is None
+    with pytest.raises(ConfigError, match="no datasheet rates for 'cpu'.*calibrate=true"):
+        device_rates(torch.device("cpu"), calibrate=False)
+    measured = device_rates(torch.device("cpu"))
+    assert measured.half_flops > 0 and measured.single_flops > 0 and measured.bandwidth > 0
+    with pytest.raises(ConfigError, match="both flops_per_second and bytes_per_second"):
+        RooflineEstimator(flops_per_second=1e12)
+
+
+def test_profile_measures_each_signature_once_and_reads_it_back_from_the_cache(tmp_path):
+    nodes = list(_nodes(_chain, X, Y, W).values())
+    first = ProfileEstimator(cache_dir=tmp_path, repeats=3, progress=False)
+    first.prepare(nodes)
+    assert (first.measured, first.cached, first.fallbacks) == (len(nodes), 0, {})
+    assert all(first.runtime(n) > 0 for n in nodes)
+    (cache_file,) = tmp_path.glob("profile-*.json")
+    assert torch.__version__.split("+")[0] in cache_file.name and "cpu" in cache_file.name
+    assert set(_read(cache_file)) == {signature(n) for n in nodes}
+    second = ProfileEstimator(cache_dir=tmp_path, progress=False)
+    second.prepare(nodes)
+    assert (second.measured, second.cached) == (0, len(nodes))
+    assert [second.runtime(n) for n in nodes] == [first.runtime(n) for n in nodes]
+
+
+def test_profile_signature_tells_shapes_and_dtypes_apart():
+    a = _nodes(_chain, X, Y, W)["sin"]
+    b = _nodes(_chain, X.double(), Y.double(), W.double())["sin"]
+    c = _nodes(_chain, X[:32], Y[:32], W)["sin"]
+    assert len({signature(a), signature(b), signature(c)}) == 3
+    assert signature(a) == signature(_nodes(_chain, X, Y, W)["sin"])
+
+
+_lib = torch.library.Library("acplan_test", "DEF")
+_lib.define("opaque(Tensor x) -> Tensor")
+torch.library.register_fake("acplan_test::opaque", lambda x: torch.empty_like(x), lib=_lib)
+
+
+def test_profile_prices_ops_it_cannot_run_by_roofline_and_reports_them(tmp_path):
+    nodes = _nodes(lambda x: torch.ops.acplan_test.opaque(x).sin(), X)
+    est = ProfileEstimator(cache_dir=tmp_path, progress=False)
+    est.prepare(list(nodes.values()))
+    assert est.measured == 1 and list(est.fallbacks) == [signature(nodes["opaque"])]
+    assert est.runtime(nodes["opaque"]) == RooflineEstimator().runtime(nodes["opaque"]) > 0
+    assert "acplan_test.opaque.default: cannot run on real tensors" in est.report()
+    cached = _read(next(tmp_path.glob("profile-*.json")))
+    assert list(cached) == [signature(nodes["sin"])]  # fallbacks are not cached
+
+
+def _writer(path, tag, count):
+    for i in range(count):
+        _merge_into(path, {f"{tag}{i}": float(i)})
+
+
+def test_concurrent_cache_writers_keep_every_entry(tmp_path):
+    path = tmp_path / "profile-x.json"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, tag, 40)) for tag in "abcd"]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 4
+    data = json.loads(path.read_text())
+    assert sorted(data["seconds"]) == sorted(f"{tag}{i}" for tag in "abcd" for i in range(40))
+    assert not list(tmp_path.glob("*.tmp"))
