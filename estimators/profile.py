@@ -7,6 +7,10 @@ the timed repeats. Results are cached on disk per torch version and device name,
 is profiled once per machine; the cache is merged and replaced atomically under a file lock,
 so concurrent runs cannot corrupt it or drop each other's entries.
 
+With inductor (``fuse``, the default), pointwise ops and casts are not run: inductor generates
+fused kernels for them, whose cost is the roofline's fused memory pass, not the eager op's.
+Matrix products, attention, convolutions, reductions and the rest are measured.
+
 Integer inputs are zeros (a valid index for any embedding, gather or loss), floating inputs
 standard normal. Ops that cannot run on real tensors (custom ops with only a fake
 implementation, symbolic shapes, ops that are not ATen operators) are priced by the roofline
@@ -31,6 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from estimators.base import Estimator
 from estimators.roofline import RooflineEstimator
+from planner.memory import fusible
 from planner.ops import aliased_input, first_tensor, is_getitem
 
 __all__ = ["ProfileEstimator", "signature", "default_cache_dir"]
@@ -52,6 +57,9 @@ class ProfileEstimator(Estimator):
         ``cache=False`` keeps results in memory only.
     cache : read and write the disk cache (default True).
     progress : show a progress bar while profiling (default True).
+    fuse : price pointwise ops and casts, which inductor generates fused kernels for, by the
+        roofline's fused memory pass instead of their eager time (default; ``False`` for eager
+        codegen, where each op runs as measured).
 
     After estimating, ``measured`` counts the signatures run here, ``cached`` those read from
     disk, and ``fallbacks`` maps each signature priced by the roofline instead to the reason.
@@ -60,14 +68,15 @@ class ProfileEstimator(Estimator):
     name = "profile"
 
     def __init__(self, repeats: int = 10, warmup: int = 3, cache_dir: str | Path | None = None, cache: bool = True,
-                 progress: bool = True) -> None:
+                 progress: bool = True, fuse: bool = True) -> None:
         self.repeats, self.warmup = max(1, int(repeats)), max(0, int(warmup))
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.cache, self.progress = bool(cache), bool(progress)
         self.seconds: dict[str, float] = {}
         self.fallbacks: dict[str, str] = {}
         self.measured = self.cached = 0
-        self._roofline = RooflineEstimator()
+        self.fuse = bool(fuse)
+        self._roofline = RooflineEstimator(fuse=self.fuse)
         self._loaded: set[Path] = set()
 
     def prepare(self, nodes: Sequence[fx.Node]) -> None:
@@ -76,7 +85,7 @@ class ProfileEstimator(Estimator):
 
         todo: dict[str, fx.Node] = {}
         for node in nodes:
-            if _priced(node):
+            if self._measures(node):
                 self._load(node)
                 key = signature(node)
                 if key not in self.seconds and key not in self.fallbacks:
@@ -96,6 +105,8 @@ class ProfileEstimator(Estimator):
     def runtime(self, node: fx.Node) -> float:
         if not _priced(node):
             return 0.0
+        if not self._measures(node):
+            return self._roofline.runtime(node)
         key = signature(node)
         if key not in self.seconds and key not in self.fallbacks:
             self.prepare([node])
@@ -108,6 +119,10 @@ class ProfileEstimator(Estimator):
         lines = [f"profile: {self.measured} ops measured, {self.cached} from the cache, {len(self.fallbacks)} priced by roofline"]
         lines += [f"  {key.split('|', 1)[0]}: {reason}" for key, reason in sorted(self.fallbacks.items())]
         return "\n".join(lines)
+
+    def _measures(self, node: fx.Node) -> bool:
+        """Whether the node's own measured time is its cost (with ``fuse``, not for fusible ops)."""
+        return _priced(node) and not (self.fuse and fusible(node))
 
     def _file(self, node: fx.Node) -> Path:
         device = first_tensor(node.meta.get("val")).device

@@ -1,8 +1,8 @@
 """Runtime as a roofline: ``max(flops / peak_flops, bytes moved / peak_bandwidth)`` per op.
 
 The peaks are the current device's, measured once per process by a quick calibration (a large
-matrix product per precision, a large device-to-device copy, a tiny kernel for the launch
-cost); datasheet figures for common GPUs (:data:`DATASHEET`) are used instead with
+matrix product per precision, a large device-to-device copy, and a stream of 100 tiny
+kernels for the cost of one more kernel); datasheet figures for common GPUs (:data:`DATASHEET`) are used instead with
 ``calibrate=False``. Bytes are counted as inductor moves them: a pointwise value that inductor
 computes inside the kernels reading it is neither written nor read back, so a fusible
 pointwise chain costs one memory pass (its stored inputs read once, its stored output written
@@ -86,6 +86,7 @@ class RooflineEstimator(Estimator):
         moved = self.bytes_moved(node)
         if not flops and not moved:
             return 0.0  # computed inside its readers' kernels from values they load anyway
+        # A kernel of its own (it writes or computes): pays one kernel's cost in a busy stream.
         dtype = max((t.dtype for t in _input_tensors(node)), key=lambda d: d.itemsize, default=out.dtype)
         return max(flops / self.rates.flops_rate(dtype), moved / self.rates.bandwidth) + self.rates.launch
 
@@ -143,7 +144,7 @@ def measure_rates(device: str) -> Rates:
     src, dst = torch.randn(numel, device=dev), torch.empty(numel, device=dev)
     copy = _best(lambda s, d: d.copy_(s), src, dst, dev)
     tiny = torch.randn(16, device=dev)
-    launch = _best(lambda t, _: t.add(1.0), tiny, None, dev) if big else 0.0
+    launch = _best(lambda t, _: [t.add(1.0) for _ in range(100)], tiny, None, dev) / 100 if big else 0.0
     return Rates(2 * n**3 / half, 2 * n**3 / single, 2 * src.nbytes / copy, launch, f"measured on {device}")
 
 

@@ -106,7 +106,7 @@ def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
 
 def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
     """Inductor computes ``node`` inside the kernels that read it (see the module docstring)."""
-    if not (_fusible(node) and reading and all(_absorbs(r) for r in reading)):
+    if not (fusible(node) and reading and all(_absorbs(r) for r in reading)):
         return False
     return len(reading) == 1 or len(_leaf_reads(node, depth=8)) <= REALIZE_READS
 
@@ -118,7 +118,7 @@ def _leaf_reads(node: fx.Node, depth: int) -> set[fx.Node]:
         producer = inp
         while _shared_input(producer) is not None:
             producer = _shared_input(producer)
-        if depth > 0 and _fusible(producer) and all(_absorbs(r) for r in readers(producer)):
+        if depth > 0 and fusible(producer) and all(_absorbs(r) for r in readers(producer)):
             leaves |= _leaf_reads(producer, depth - 1)
         else:
             leaves.add(producer)
@@ -130,7 +130,8 @@ def _tags(node: fx.Node) -> list:
     return target.tags if isinstance(target, torch._ops.OpOverload) else []
 
 
-def _fusible(node: fx.Node) -> bool:
+def fusible(node: fx.Node) -> bool:
+    """A pointwise op or a cast: inductor generates its code inside fused kernels."""
     return torch.Tag.pointwise in _tags(node) or node.target in _CASTS
 
 
@@ -189,7 +190,7 @@ class _Walk:
                     last[key] = max(last.get(key, -1), kernel[node])
         kept = {key for out in keep for key in keys.get(out, ())} | set(held)
         for k, node in enumerate(nodes):
-            if self.fuse and len(made[node]) == 1 and (_fusible(node) or _absorbs(node)):
+            if self.fuse and len(made[node]) == 1 and (fusible(node) or _absorbs(node)):
                 self.live -= self._reused(made[node][0], k, last, kept)
             self.live.update(made[node])
             if node.op == "call_function":

@@ -64,17 +64,27 @@ def test_roofline_rates_from_the_datasheet_and_from_measurement():
 
 def test_profile_measures_each_signature_once_and_reads_it_back_from_the_cache(tmp_path):
     nodes = list(_nodes(_chain, X, Y, W).values())
-    first = ProfileEstimator(cache_dir=tmp_path, repeats=3, progress=False)
+    first = ProfileEstimator(cache_dir=tmp_path, repeats=3, progress=False, fuse=False)
     first.prepare(nodes)
     assert (first.measured, first.cached, first.fallbacks) == (len(nodes), 0, {})
     assert all(first.runtime(n) > 0 for n in nodes)
     (cache_file,) = tmp_path.glob("profile-*.json")
     assert torch.__version__.split("+")[0] in cache_file.name and "cpu" in cache_file.name
     assert set(_read(cache_file)) == {signature(n) for n in nodes}
-    second = ProfileEstimator(cache_dir=tmp_path, progress=False)
+    second = ProfileEstimator(cache_dir=tmp_path, progress=False, fuse=False)
     second.prepare(nodes)
     assert (second.measured, second.cached) == (0, len(nodes))
     assert [second.runtime(n) for n in nodes] == [first.runtime(n) for n in nodes]
+
+
+def test_profile_with_inductor_measures_kernels_and_prices_fused_pointwise_ops_by_roofline(tmp_path):
+    nodes = _nodes(_chain, X, Y, W)
+    est = ProfileEstimator(cache_dir=tmp_path, repeats=3, progress=False)
+    est.prepare(list(nodes.values()))
+    assert est.measured == 1 and list(est.seconds) == [signature(nodes["mm"])]
+    roofline = RooflineEstimator()
+    assert [est.runtime(nodes[op]) for op in ("sin", "cos", "mul")] == [roofline.runtime(nodes[op]) for op in ("sin", "cos", "mul")]
+    assert est.runtime(nodes["mm"]) == est.seconds[signature(nodes["mm"])] > 0
 
 
 def test_profile_signature_tells_shapes_and_dtypes_apart():
@@ -91,14 +101,14 @@ torch.library.register_fake("acplan_test::opaque", lambda x: torch.empty_like(x)
 
 
 def test_profile_prices_ops_it_cannot_run_by_roofline_and_reports_them(tmp_path):
-    nodes = _nodes(lambda x: torch.ops.acplan_test.opaque(x).sin(), X)
+    nodes = _nodes(lambda x: torch.ops.acplan_test.opaque(x).sum(), X)
     est = ProfileEstimator(cache_dir=tmp_path, progress=False)
     est.prepare(list(nodes.values()))
     assert est.measured == 1 and list(est.fallbacks) == [signature(nodes["opaque"])]
     assert est.runtime(nodes["opaque"]) == RooflineEstimator().runtime(nodes["opaque"]) > 0
     assert "acplan_test.opaque.default: cannot run on real tensors" in est.report()
     cached = _read(next(tmp_path.glob("profile-*.json")))
-    assert list(cached) == [signature(nodes["sin"])]  # fallbacks are not cached
+    assert list(cached) == [signature(nodes["sum"])]  # fallbacks are not cached
 
 
 def _writer(path, tag, count):
