@@ -55,6 +55,8 @@ def run_point(base, batch, budget: float, solver: str, time_limit: float, steps:
         "status": graph.decision.status,
         "gap": graph.decision.gap,
         "recompute_seconds": graph.decision.recompute_seconds,
+        "forward_seconds": float(graph.problem.runtime.sum()),  # every forward node once, as estimated
+        "estimated_step_seconds": graph.step_seconds,
         "plan_seconds": graph.plan_seconds,
         "first_step_seconds": time.perf_counter() - start,
     }

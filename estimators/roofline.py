@@ -1,7 +1,7 @@
 """Runtime as a roofline: ``max(flops / peak_flops, bytes moved / peak_bandwidth)`` per op.
 
 The peaks are the current device's, measured once per process by a quick calibration (a large
-matrix product per precision, a large device-to-device copy, and a stream of 100 tiny
+matrix product per precision, a large device-to-device copy, and a CUDA graph of 100 tiny
 kernels for the cost of one more kernel); datasheet figures for common GPUs (:data:`DATASHEET`) are used instead with
 ``calibrate=False``. Bytes are counted as inductor moves them: a pointwise value that inductor
 computes inside the kernels reading it is neither written nor read back, so a fusible
@@ -86,7 +86,7 @@ class RooflineEstimator(Estimator):
         moved = self.bytes_moved(node)
         if not flops and not moved:
             return 0.0  # computed inside its readers' kernels from values they load anyway
-        # A kernel of its own (it writes or computes): pays one kernel's cost in a busy stream.
+        # A kernel of its own (it writes or computes): pays one more kernel's GPU time.
         dtype = max((t.dtype for t in _input_tensors(node)), key=lambda d: d.itemsize, default=out.dtype)
         return max(flops / self.rates.flops_rate(dtype), moved / self.rates.bandwidth) + self.rates.launch
 
@@ -143,9 +143,26 @@ def measure_rates(device: str) -> Rates:
     numel = (2**28 if big else 2**24) // 4
     src, dst = torch.randn(numel, device=dev), torch.empty(numel, device=dev)
     copy = _best(lambda s, d: d.copy_(s), src, dst, dev)
-    tiny = torch.randn(16, device=dev)
-    launch = _best(lambda t, _: [t.add(1.0) for _ in range(100)], tiny, None, dev) / 100 if big else 0.0
+    launch = _kernel_seconds(dev) if big else 0.0
     return Rates(2 * n**3 / half, 2 * n**3 / single, 2 * src.nbytes / copy, launch, f"measured on {device}")
+
+
+def _kernel_seconds(dev: torch.device, kernels: int = 100) -> float:
+    """GPU time of one more tiny kernel: a CUDA graph of ``kernels`` of them, replayed.
+
+    A graph keeps the host out of the figure, so a busy CPU (compile workers) cannot inflate it.
+    """
+    tiny = torch.randn(16, device=dev)
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(stream):
+        tiny.add_(1.0)  # warm-up outside the capture
+    torch.cuda.current_stream(dev).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(kernels):
+            tiny.add_(1.0)
+    return _best(lambda g, _: g.replay(), graph, None, dev) / kernels
 
 
 def _best(fn, a, b, dev: torch.device, repeats: int = 5) -> float:
