@@ -3,7 +3,8 @@
 In one process on one GPU, for one workload (``--model``): eager without checkpointing; eager
 with ``torch.utils.checkpoint`` on every block; ``torch.compile`` with PyTorch's own
 ``activation_memory_budget`` at each budget; and the planner as the torch.compile backend
-(inductor) for each solver at the same budgets. Per point: measured peak activation memory
+(inductor, ``--estimator profile`` by default) for each solver at the same budgets and at
+``--extra-budgets`` between them. Per point: measured peak activation memory
 (``max_memory_allocated`` during the steps minus ``memory_allocated`` before them), the median
 step time over ``--steps`` CUDA-event-timed steps after a warm-up step, the first step's wall
 time (tracing, planning and compiling), and for the planner its plan time and predictions
@@ -26,7 +27,8 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 GIB = 2**30
-BUDGETS = [1.0, 0.8, 0.6, 0.4, 0.2, 0.1, 0.05, 0.0]
+BUDGETS = [1.0, 0.8, 0.6, 0.4, 0.2, 0.1, 0.05, 0.0]  # PyTorch's and the planner's
+EXTRA = [0.9, 0.7, 0.5, 0.3]  # the planner's too (--extra-budgets), between them
 METHODS = ["eager", "checkpoint", "torch", "planner"]
 SOLVERS = ["mincut", "greedy", "dp", "ilp", "cpsat"]
 
@@ -68,7 +70,7 @@ def run(args, out: Path) -> list[dict]:
             record({"method": "torch.compile", "budget": budget, **result})
     if "planner" in args.methods:
         for solver in args.solvers:
-            for budget in args.budgets:
+            for budget in sorted(set(args.budgets) | set(args.extra_budgets), reverse=True):
                 point = run_point(base, batch, budget, solver, args.time_limit, args.steps, args.estimator)
                 record({"method": "planner", **point})
     return rows
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS)
     parser.add_argument("--solvers", nargs="+", default=SOLVERS)
     parser.add_argument("--budgets", type=float, nargs="+", default=BUDGETS)
-    parser.add_argument("--estimator", default="flops")
+    parser.add_argument("--extra-budgets", type=float, nargs="*", default=EXTRA, help="planned too, between --budgets")
+    parser.add_argument("--estimator", default="profile")
     parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve (ilp, cpsat, the frugal end)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None, help="output path without suffix (default bench/results/pareto-<model>)")
