@@ -85,7 +85,8 @@ def plot_measured(rows: list[dict[str, Any]], path: str | Path, title: str = "Me
 
     ``rows`` are the records of ``bench/pareto.py`` (``method``, ``solver``, ``budget``,
     ``peak_activation_bytes``, ``step_ms``); methods with one point (eager, checkpointing) are
-    drawn as markers, each budget sweep as a line through its points in memory order.
+    drawn as markers, each budget sweep as a line through its points from the largest budget to
+    the smallest (so a curve that turns back shows memory rising as the budget falls).
     """
     import matplotlib
 
@@ -97,7 +98,8 @@ def plot_measured(rows: list[dict[str, Any]], path: str | Path, title: str = "Me
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for key in sorted({curve(r) for r in rows}, key=lambda k: (k.startswith("planner"), k)):
-        points = sorted((r["peak_activation_bytes"] / 2**30, r["step_ms"]) for r in rows if curve(r) == key)
+        mine = sorted((r for r in rows if curve(r) == key), key=lambda r: -(r.get("budget") or 0))  # budget order
+        points = [(r["peak_activation_bytes"] / 2**30, r["step_ms"]) for r in mine]
         style = {"linestyle": "none", "marker": "s", "markersize": 8} if len(points) == 1 else {"marker": "o"}
         if key == "torch.compile":
             style.update(color="black", linewidth=2)
