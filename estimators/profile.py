@@ -25,7 +25,6 @@ import os
 import re
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -35,6 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from estimators.base import Estimator
 from estimators.roofline import RooflineEstimator
+from estimators.timing import run_times
 from planner.memory import fusible
 from planner.ops import aliased_input, first_tensor, is_getitem
 
@@ -210,23 +210,8 @@ def _time_op(node: fx.Node, repeats: int, warmup: int) -> float:
     args = tree_map(make, node.args, is_leaf=is_node)
     kwargs = tree_map(make, node.kwargs, is_leaf=is_node)
     device = first_tensor(node.meta["val"]).device
-    cuda = device.type == "cuda"
     with torch.no_grad():
-        for _ in range(warmup):
-            node.target(*args, **kwargs)
-        times = []
-        for _ in range(repeats):
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                node.target(*args, **kwargs)
-                end.record()
-                torch.cuda.synchronize(device)
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                node.target(*args, **kwargs)
-                times.append(time.perf_counter() - t0)
+        times = run_times(lambda: node.target(*args, **kwargs), device, repeats, warmup)
     return statistics.median(times)
 
 

@@ -10,7 +10,6 @@ once) however many ops it has.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -19,6 +18,7 @@ import torch.fx as fx
 
 from estimators.base import Estimator
 from estimators.flops import count_flops
+from estimators.timing import run_times
 from planner.errors import ConfigError
 from planner.memory import readers, stored_bytes
 from planner.ops import aliased_input, first_tensor, is_getitem
@@ -167,18 +167,4 @@ def _kernel_seconds(dev: torch.device, kernels: int = 100) -> float:
 
 def _best(fn, a, b, dev: torch.device, repeats: int = 5) -> float:
     """Least seconds of ``fn(a, b)`` over a few runs after a warm-up."""
-    fn(a, b)
-    times = []
-    for _ in range(repeats):
-        if dev.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(a, b)
-            end.record()
-            torch.cuda.synchronize(dev)
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn(a, b)
-            times.append(time.perf_counter() - t0)
-    return max(min(times), 1e-9)
+    return max(min(run_times(lambda: fn(a, b), dev, repeats)), 1e-9)
