@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from planner.bounds import cut_graph, cut_plan
+from planner.bounds import cut_network
 from planner.decision import Status
 from planner.problem import Evaluation, Problem, evaluate
 from solvers.base import Solution, Solver
@@ -70,6 +70,6 @@ class MinCutSolver(Solver):
     def _cut(problem: Problem, lam: float) -> tuple[Evaluation, float]:
         """The plan of one priced cut, and its value ``memory + lam * runtime`` (byte units)."""
         price = np.rint(lam * problem.runtime)
-        plan = evaluate(problem, cut_plan(cut_graph(problem, price), len(problem)))
+        plan = evaluate(problem, cut_network(problem).cut(price))
         recomputed_price = float(price[plan.recomputed].sum())
         return plan, plan.memory_bytes + recomputed_price
