@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 import planner
+from planner.bounds import save_all_plan
 from bench.gpu_step import measure
 from bench.workloads import WORKLOADS
 
@@ -55,6 +56,9 @@ def run_point(base, batch, budget: float, solver: str, time_limit: float, steps:
         "status": graph.decision.status,
         "gap": graph.decision.gap,
         "recompute_seconds": graph.decision.recompute_seconds,
+        "save_seconds": graph.decision.save_seconds,
+        # predicted step-time change against the plan that saves everything the backward reads
+        "overhead_seconds": graph.decision.seconds - save_all_plan(graph.problem).seconds,
         "forward_seconds": float(graph.problem.runtime.sum()),  # every forward node once, as estimated
         "estimated_step_seconds": graph.step_seconds,
         "plan_seconds": graph.plan_seconds,

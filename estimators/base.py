@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Sequence
+from typing import ClassVar, Container, Sequence
 
 import torch.fx as fx
 
@@ -24,3 +24,20 @@ class Estimator(ABC):
     @abstractmethod
     def runtime(self, node: fx.Node) -> float:
         """Seconds to run ``node`` once (a call_function node of the forward region)."""
+
+    def recompute_seconds(self, node: fx.Node, forward: Container[fx.Node]) -> float:
+        """Seconds to run ``node`` again in the backward (default: :meth:`runtime`).
+
+        ``forward`` holds the forward-region nodes; every other reader is in the backward. An
+        estimator that models kernel fusion may discount loads the backward makes anyway.
+        """
+        return self.runtime(node)
+
+    def save_seconds(self, node: fx.Node, forward: Container[fx.Node]) -> float:
+        """Seconds that saving ``node``'s value for the backward adds to the step (default: none).
+
+        A saved value is written by the forward unless the forward stores it anyway for its
+        readers in ``forward``, and read by the backward where a recomputation could have been
+        fused into the reading kernels instead.
+        """
+        return 0.0

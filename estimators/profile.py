@@ -26,7 +26,7 @@ import re
 import statistics
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Container, Sequence
 
 import torch
 import torch.fx as fx
@@ -60,6 +60,8 @@ class ProfileEstimator(Estimator):
     fuse : price pointwise ops and casts, which inductor generates fused kernels for, by the
         roofline's fused memory pass instead of their eager time (default; ``False`` for eager
         codegen, where each op runs as measured).
+    save_cost : price saving a value by the roofline's memory traffic for it (default; see
+        :class:`~estimators.roofline.RooflineEstimator`).
 
     After estimating, ``measured`` counts the signatures run here, ``cached`` those read from
     disk, and ``fallbacks`` maps each signature priced by the roofline instead to the reason.
@@ -68,7 +70,7 @@ class ProfileEstimator(Estimator):
     name = "profile"
 
     def __init__(self, repeats: int = 10, warmup: int = 3, cache_dir: str | Path | None = None, cache: bool = True,
-                 progress: bool = True, fuse: bool = True) -> None:
+                 progress: bool = True, fuse: bool = True, save_cost: bool = True) -> None:
         self.repeats, self.warmup = max(1, int(repeats)), max(0, int(warmup))
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.cache, self.progress = bool(cache), bool(progress)
@@ -76,7 +78,7 @@ class ProfileEstimator(Estimator):
         self.fallbacks: dict[str, str] = {}
         self.measured = self.cached = 0
         self.fuse = bool(fuse)
-        self._roofline = RooflineEstimator(fuse=self.fuse)
+        self._roofline = RooflineEstimator(fuse=self.fuse, save_cost=save_cost)
         self._loaded: set[Path] = set()
 
     def prepare(self, nodes: Sequence[fx.Node]) -> None:
@@ -113,6 +115,16 @@ class ProfileEstimator(Estimator):
         if key in self.fallbacks:
             return self._roofline.runtime(node)
         return self.seconds[key]
+
+    def recompute_seconds(self, node: fx.Node, forward: Container[fx.Node]) -> float:
+        """Measured ops as measured; fused ones by the roofline, which shares their loads."""
+        if self._measures(node):
+            return self.runtime(node)
+        return self._roofline.recompute_seconds(node, forward) if _priced(node) else 0.0
+
+    def save_seconds(self, node: fx.Node, forward: Container[fx.Node]) -> float:
+        """Saving moves memory, which the roofline prices (its ``save_cost``)."""
+        return self._roofline.save_seconds(node, forward)
 
     def report(self) -> str:
         """How many ops were measured, read from the cache, or priced by the roofline (and why)."""

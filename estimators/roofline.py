@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Container
 
 import torch
 import torch.fx as fx
@@ -20,8 +21,8 @@ from estimators.base import Estimator
 from estimators.flops import count_flops
 from estimators.timing import run_times
 from planner.errors import ConfigError
-from planner.memory import readers, stored_bytes
-from planner.ops import aliased_input, first_tensor, is_getitem
+from planner.memory import fusible, readers, stored_bytes
+from planner.ops import aliased_input, first_tensor, is_getitem, storage_bytes
 
 __all__ = ["RooflineEstimator", "Rates", "DATASHEET", "device_rates", "measure_rates", "datasheet_rates"]
 
@@ -64,45 +65,86 @@ class RooflineEstimator(Estimator):
     calibrate : measure the device's peaks (default); ``False`` takes them from :data:`DATASHEET`.
     fuse : count bytes as inductor fuses pointwise chains (default; ``False`` for eager codegen).
     flops_per_second, bytes_per_second : fixed rates instead (both or neither).
+    save_cost : price saving a value by the memory traffic it adds (default): its write in the
+        forward, unless the forward stores it anyway, and its read in the backward when the
+        backward would otherwise compute it inside the kernels that read it (a value read by a
+        matrix product is read either way). Recomputing a fused pointwise value from inputs
+        saved anyway can then beat saving it. ``False``: saving is free.
     """
 
     name = "roofline"
 
     def __init__(self, calibrate: bool = True, fuse: bool = True, flops_per_second: float | None = None,
-                 bytes_per_second: float | None = None) -> None:
+                 bytes_per_second: float | None = None, save_cost: bool = True) -> None:
         if (flops_per_second is None) != (bytes_per_second is None):
             raise ConfigError("roofline: give both flops_per_second and bytes_per_second, or neither")
-        self.calibrate, self.fuse = bool(calibrate), bool(fuse)
+        self.calibrate, self.fuse, self.save_cost = bool(calibrate), bool(fuse), bool(save_cost)
         self.fixed = None if flops_per_second is None else Rates(flops_per_second, flops_per_second, bytes_per_second, 0.0, "given")
         self.rates: Rates | None = None  # set by the first estimate, for the device of its tensors
 
     def runtime(self, node: fx.Node) -> float:
+        return self._seconds(node, frozenset())
+
+    def recompute_seconds(self, node: fx.Node, forward: Container[fx.Node]) -> float:
+        """With ``fuse``, a pointwise op run again in the backward shares its loads: an input that
+        a pointwise kernel of the backward reads anyway (the product under a GELU, read by the
+        GELU's gradient) is loaded once by the fused kernel, so it is not counted."""
+        if not (self.fuse and fusible(node)):
+            return self.runtime(node)
+        shared = frozenset(inp for inp in node.all_input_nodes
+                           if any(r not in forward and fusible(r) for r in readers(_root(inp))))
+        return self._seconds(node, shared)
+
+    def save_seconds(self, node: fx.Node, forward: Container[fx.Node]) -> float:
+        out = node.meta.get("val")
+        if not self.save_cost or not isinstance(out, torch.Tensor) or aliased_input(node) is not None:
+            return 0.0
+        reading = readers(node)
+        before = [r for r in reading if r in forward]
+        later = [r for r in reading if r not in forward]
+        written = bool(before) and (not self.fuse or stored_bytes(node, before, True) > 0)
+        fused_later = self.fuse and bool(later) and stored_bytes(node, later, True) == 0
+        passes = (0 if written else 1) + (1 if fused_later else 0)
+        return storage_bytes(out) * passes / self._rates(out.device).bandwidth
+
+    def _seconds(self, node: fx.Node, shared: frozenset) -> float:
         out = first_tensor(node.meta.get("val"))
         if aliased_input(node) is not None or is_getitem(node) or out is None:
             return 0.0
-        if self.rates is None:
-            self.rates = self.fixed or device_rates(out.device, self.calibrate)
         flops = count_flops(node)
-        moved = self.bytes_moved(node)
+        moved = self.bytes_moved(node, shared)
         if not flops and not moved:
             return 0.0  # computed inside its readers' kernels from values they load anyway
         # A kernel of its own (it writes or computes): pays one more kernel's GPU time.
         dtype = max((t.dtype for t in _input_tensors(node)), key=lambda d: d.itemsize, default=out.dtype)
-        return max(flops / self.rates.flops_rate(dtype), moved / self.rates.bandwidth) + self.rates.launch
+        rates = self._rates(out.device)
+        return max(flops / rates.flops_rate(dtype), moved / rates.bandwidth) + rates.launch
 
-    def bytes_moved(self, node: fx.Node) -> int:
-        """Bytes the node's kernel reads from and writes to memory, with fused producers free."""
+    def _rates(self, device: torch.device) -> Rates:
+        if self.rates is None:  # the first estimate's device
+            self.rates = self.fixed or device_rates(device, self.calibrate)
+        return self.rates
+
+    def bytes_moved(self, node: fx.Node, shared: frozenset = frozenset()) -> int:
+        """Bytes the node's kernel reads from and writes to memory, with fused producers free
+        and the inputs in ``shared`` (loaded by a kernel it fuses with) free too."""
         written = stored_bytes(node, readers(node), self.fuse) if self.fuse else _nbytes(node)
         read = 0
         for inp in node.all_input_nodes:
-            root = inp
-            while aliased_input(root) is not None:
-                root = aliased_input(root)
+            root = _root(inp)
+            if inp in shared:
+                continue
             if self.fuse and isinstance(root.meta.get("val"), torch.Tensor) and root.op == "call_function" \
                     and stored_bytes(root, readers(root), True) == 0:
                 continue  # inlined: its own inputs are what the kernel reads
             read += _nbytes(inp)
         return written + read
+
+
+def _root(node: fx.Node) -> fx.Node:
+    while aliased_input(node) is not None:
+        node = aliased_input(node)
+    return node
 
 
 def _nbytes(node: fx.Node) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Sequence
 
 import networkx as nx
 from networkx.algorithms.flow import boykov_kolmogorov
@@ -9,7 +10,7 @@ import numpy as np
 
 from planner.problem import Evaluation, Problem, evaluate
 
-__all__ = ["min_memory_plan", "runtime_optimal_plan", "cut_network", "CutNetwork"]
+__all__ = ["min_memory_plan", "runtime_optimal_plan", "save_all_plan", "cut_network", "CutNetwork", "SECONDS_UNIT"]
 
 _SOURCE, _SINK = "source", "sink"
 
@@ -46,22 +47,22 @@ def _cut_network(problem: Problem) -> "CutNetwork":
 class CutNetwork:
     """The split-node flow network whose minimum cut is the least ``bytes + price`` plan.
 
-    The residual network is built once; :meth:`cut` only rewrites the source edges that carry
-    the recompute prices, so a search over prices pays for the max-flows alone.
+    The residual network is built once; :meth:`cut` only rewrites the capacities that carry
+    prices, so a search over prices pays for the max-flows alone.
     """
 
     def __init__(self, problem: Problem) -> None:
         self.n = len(problem)
-        self.fixed = np.where(problem.random, problem.rng_state_bytes, 0).astype(np.int64)
-        self.priced = np.flatnonzero(problem.recomputable)
+        self.nbytes = [int(b) for b in problem.nbytes]
+        self.rng = [problem.rng_state_bytes if r else 0 for r in problem.random]
+        self.priced = [int(i) for i in np.flatnonzero(problem.recomputable)]
+        self.stored = [int(i) for i in np.flatnonzero(problem.saveable)]
         g = nx.DiGraph()
         g.add_nodes_from([_SOURCE, _SINK])
         self.infinite: list[tuple] = []
-        finite = 0
         for i in range(self.n):
             if problem.saveable[i]:
-                g.add_edge(("in", i), ("out", i), capacity=int(problem.nbytes[i]))
-                finite += int(problem.nbytes[i])
+                g.add_edge(("in", i), ("out", i), capacity=0)
             else:
                 g.add_edge(("in", i), ("out", i))
                 self.infinite.append((("in", i), ("out", i)))
@@ -77,51 +78,84 @@ class CutNetwork:
                 self.infinite.append((("out", int(j)), ("in", i)))
             g.add_edge(_SOURCE, ("in", i), capacity=0)
         self.graph = g
-        self.bytes_capacity = finite
         residual = nx.DiGraph()
         residual.__networkx_cache__ = None
         residual.add_nodes_from(g)
-        for u, v, attr in g.edges(data=True):
-            if not residual.has_edge(u, v):
-                residual.add_edge(u, v, capacity=0)
-                residual.add_edge(v, u, capacity=0)
-            residual[u][v]["capacity"] = attr.get("capacity", 0)
+        for u, v in g.edges:
+            residual.add_edge(u, v, capacity=0)
+            residual.add_edge(v, u, capacity=0)
         self.residual = residual
 
-    def cut(self, price: np.ndarray | None = None) -> np.ndarray:
-        """Saved mask of a minimum cut; ``price[i]`` (byte units) is charged when i is recomputed.
+    def cut(self, price: Sequence[float] | None = None, save_price: Sequence[float] | None = None) -> np.ndarray:
+        """Saved mask of a minimum cut of ``bytes + price of recomputed + save_price of saved``.
 
-        With no price the cut is the most memory-frugal plan. The saved nodes are those whose
-        ``in`` half is on the source side and ``out`` half is not.
+        Prices are in byte units (rounded to whole ones; Python ints are taken exactly). With
+        none, the cut is the most memory-frugal plan. The saved nodes are those whose ``in``
+        half is on the source side and ``out`` half is not.
         """
-        cost = self.fixed if price is None else self.fixed + np.rint(price).astype(np.int64)
-        source = self.residual[_SOURCE]
+        r = self.residual
+        total = 0
         for i in self.priced:
-            source[("in", int(i))]["capacity"] = int(cost[i])
+            cap = self.rng[i] + (_whole(price[i]) if price is not None else 0)
+            r[_SOURCE][("in", i)]["capacity"] = cap
+            total += cap
+        for i in self.stored:
+            cap = self.nbytes[i] + (_whole(save_price[i]) if save_price is not None else 0)
+            r[("in", i)][("out", i)]["capacity"] = cap
+            total += cap
         # Infinity as networkx simulates it: three times the finite capacities, so no finite cut
         # can reach it.
-        inf = 3 * (self.bytes_capacity + int(cost[self.priced].sum())) or 1
+        inf = 3 * total or 1
         for u, v in self.infinite:
-            self.residual[u][v]["capacity"] = inf
-        self.residual.graph["inf"] = inf
+            r[u][v]["capacity"] = inf
+        r.graph["inf"] = inf
         # Boykov-Kolmogorov: 1.3-4x faster than the default preflow-push on these split-node
         # graphs; the source side is the same for any max flow.
-        _, (source_side, _) = nx.minimum_cut(self.graph, _SOURCE, _SINK, flow_func=boykov_kolmogorov,
-                                             residual=self.residual)
+        _, (source_side, _) = nx.minimum_cut(self.graph, _SOURCE, _SINK, flow_func=boykov_kolmogorov, residual=r)
         return np.array([("in", i) in source_side and ("out", i) not in source_side for i in range(self.n)],
                         dtype=bool)
 
 
-def runtime_optimal_plan(problem: Problem) -> Evaluation:
-    """The plan with no recomputation beyond free views: save every value the backward reads.
+def _whole(x) -> int:
+    return x if isinstance(x, int) else int(round(float(x)))
 
-    Views and tuples are not saved but rebuilt from their (saved) bases at no cost.
+
+def runtime_optimal_plan(problem: Problem) -> Evaluation:
+    """The plan of least estimated seconds, recomputation plus saving (budget 1.0).
+
+    Without save costs it saves every value the backward reads, recomputing only free views
+    and tuples from their (saved) bases. With them, recomputing a value can be cheaper than
+    writing and reading it back (a fused pointwise op whose inputs are saved anyway): the plan
+    is then a minimum cut of the seconds, in nanoseconds, with the saved bytes breaking ties.
     """
     return _runtime_optimal_plan(problem)
 
 
+SECONDS_UNIT = 1e-9  # the fast plan's cut prices seconds in whole nanoseconds
+
+
 @lru_cache(maxsize=16)
 def _runtime_optimal_plan(problem: Problem) -> Evaluation:
+    if problem.save_seconds.any():
+        # Lexicographic: one nanosecond outweighs every byte the plan could save.
+        scale = int(problem.nbytes.sum()) + problem.rng_state_bytes * len(problem) + 1
+        price = [scale * round(t / SECONDS_UNIT) for t in problem.runtime.tolist()]
+        save = [scale * round(t / SECONDS_UNIT) for t in problem.save_seconds.tolist()]
+        return evaluate(problem, cut_network(problem).cut(price, save))
+    return save_all_plan(problem)
+
+
+def save_all_plan(problem: Problem) -> Evaluation:
+    """The plan that recomputes nothing but free views: save every value the backward reads.
+
+    Views and tuples are not saved but rebuilt from their (saved) bases at no cost. Without
+    save costs it is the runtime-optimal plan.
+    """
+    return _save_all_plan(problem)
+
+
+@lru_cache(maxsize=16)
+def _save_all_plan(problem: Problem) -> Evaluation:
     saved = np.zeros(len(problem), dtype=bool)
     seen = np.zeros(len(problem), dtype=bool)
     stack = list(np.flatnonzero(problem.needed))

@@ -31,6 +31,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False) -
     estimator.prepare(nodes)
     nbytes = np.zeros(n, dtype=np.int64)
     runtime = np.zeros(n, dtype=np.float64)
+    save_seconds = np.zeros(n, dtype=np.float64)
     saveable = np.zeros(n, dtype=bool)
     recomputable = np.zeros(n, dtype=bool)
     random = np.zeros(n, dtype=bool)
@@ -47,8 +48,10 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False) -
         else:
             reasons[i] = reason
             saveable[i] = saveable[i] or isinstance(val, _SYM)
+        if saveable[i] and nbytes[i]:
+            save_seconds[i] = estimator.save_seconds(node, index)
         random[i] = is_random(node)
-        runtime[i] = 0.0 if view or is_getitem(node) else estimator.runtime(node)
+        runtime[i] = 0.0 if view or is_getitem(node) else estimator.recompute_seconds(node, index)
         idx.extend(index[inp] for inp in node.all_input_nodes if inp in index)
         ptr.append(len(idx))
     return Problem(
@@ -66,6 +69,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False) -
         targets=tuple(str(node.target) for node in nodes),
         fingerprint=joint.fingerprint,
         schedule=build_schedule(joint, fuse),
+        save_seconds=save_seconds,
     )
 
 

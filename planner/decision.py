@@ -11,7 +11,7 @@ __all__ = ["Decision", "Status"]
 class Status:
     """How much a decision's objective can be trusted."""
 
-    OPTIMAL = "optimal"  # proven optimal for the problem's recompute objective
+    OPTIMAL = "optimal"  # proven optimal for the problem's objective (recompute plus save seconds)
     FEASIBLE = "feasible"  # an exact solver stopped at its time limit; ``gap`` bounds the loss
     HEURISTIC = "heuristic"  # no optimality claim; ``stats`` says what the solver's own model guarantees
 
@@ -29,9 +29,12 @@ class Decision:
     peak_bytes : peak memory over the step (:func:`planner.problem.memory_profile`).
     recompute_seconds : estimated runtime of the recomputation in the backward, seconds.
     status : one of :class:`Status`.
-    gap : relative optimality gap of ``recompute_seconds`` when known (0.0 when proven optimal).
+    gap : relative optimality gap of the objective, ``recompute_seconds + save_seconds``, when
+        known (0.0 when proven optimal).
     solve_seconds : wall time of the solver, seconds.
     stats : solver-specific figures (e.g. the dp quantum and its knapsack bound).
+    save_seconds : estimated time spent writing the saved values and reading them back, seconds
+        (0 with estimators that do not price memory traffic).
     """
 
     saved: tuple[str, ...]
@@ -44,6 +47,12 @@ class Decision:
     gap: float | None
     solve_seconds: float
     stats: dict[str, Any] = field(default_factory=dict)
+    save_seconds: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """The objective: estimated seconds the plan adds to the step, recomputing and saving."""
+        return self.recompute_seconds + self.save_seconds
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"saved": list(self.saved)}

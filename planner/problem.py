@@ -41,6 +41,8 @@ class Problem:
         ``input_idx[input_ptr[i]:input_ptr[i+1]]`` (primals are always available and not listed).
     schedule : lifetimes over the step, for peak memory (:mod:`planner.schedule`). Without one,
         a single backward step reads every needed node, so a plan's peak is its saved bytes.
+    save_seconds : seconds that saving the node adds to the step (its write in the forward and
+        read in the backward, where the estimator prices memory traffic); zeros if not given.
     """
 
     names: tuple[str, ...]
@@ -57,10 +59,13 @@ class Problem:
     targets: tuple[str, ...] = ()
     fingerprint: str = ""
     schedule: Schedule | None = None
+    save_seconds: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.names)
-        for name in ("nbytes", "runtime", "saveable", "recomputable", "random", "needed"):
+        if self.save_seconds is None:
+            object.__setattr__(self, "save_seconds", np.zeros(n, dtype=np.float64))
+        for name in ("nbytes", "runtime", "saveable", "recomputable", "random", "needed", "save_seconds"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Problem.{name} has {len(getattr(self, name))} rows, expected {n}")
         if len(self.input_ptr) != n + 1:
@@ -107,7 +112,9 @@ class Evaluation:
 
     ``saved`` is pruned to the nodes the backward actually reads (directly, or as inputs of a
     recomputation); ``memory_bytes`` counts them plus one RNG state per recomputed random node;
-    ``peak_bytes`` is the plan's peak memory over the step (:func:`memory_profile`).
+    ``peak_bytes`` is the plan's peak memory over the step (:func:`memory_profile`);
+    ``save_seconds`` is what writing and reading back the saved values costs. The objective
+    every solver minimises is ``seconds``, recomputation plus saving.
     """
 
     saved: np.ndarray
@@ -115,6 +122,12 @@ class Evaluation:
     memory_bytes: int
     recompute_seconds: float
     peak_bytes: int
+    save_seconds: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """The plan's objective: recompute seconds plus save seconds."""
+        return self.recompute_seconds + self.save_seconds
 
 
 def evaluate(problem: Problem, saved: np.ndarray) -> Evaluation:
@@ -155,7 +168,8 @@ def evaluate(problem: Problem, saved: np.ndarray) -> Evaluation:
             stack.extend(inputs[i])
     memory = int(problem.nbytes[used].sum()) + _rng_bytes(problem, recomputed)
     peak = _profile(problem, used, recomputed).peak
-    return Evaluation(used, recomputed, memory, float(problem.runtime[recomputed].sum()), peak)
+    return Evaluation(used, recomputed, memory, float(problem.runtime[recomputed].sum()), peak,
+                      float(problem.save_seconds[used].sum()))
 
 
 def memory_profile(problem: Problem, plan: Evaluation) -> Profile:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from planner.bounds import runtime_optimal_plan
+from planner.bounds import SECONDS_UNIT, runtime_optimal_plan
 from planner.decision import Decision, Status
 from planner.errors import ConfigError, InfeasibleBudget, SolverError
 from planner.problem import Evaluation, Problem, evaluate
@@ -77,8 +77,7 @@ class Solver(ABC):
             raise InfeasibleBudget(budget_bytes, frugal.peak_bytes)
         fast = runtime_optimal_plan(problem)
         if budget_bytes >= fast.peak_bytes:
-            status = Status.OPTIMAL if fast.recompute_seconds == 0 else Status.HEURISTIC
-            solution = Solution(fast.saved, status, 0.0 if status == Status.OPTIMAL else None)
+            solution = Solution(fast.saved, *_fast_status(problem, fast))
         else:
             solution = self._solve(problem, int(budget_bytes), frugal, fast, deadline)
         result = evaluate(problem, solution.saved)
@@ -98,6 +97,7 @@ class Solver(ABC):
             gap=solution.gap,
             solve_seconds=time.perf_counter() - start,
             stats=solution.stats,
+            save_seconds=result.save_seconds,
         )
 
     @abstractmethod
@@ -134,7 +134,7 @@ class CapacitySolver(Solver):
             tries += 1
             if plan.peak_bytes <= budget_bytes:
                 lo = mid
-                if plan.recompute_seconds < best_plan.recompute_seconds:
+                if plan.seconds < best_plan.seconds:
                     best, best_plan = candidate, plan
             else:
                 hi = mid
@@ -146,3 +146,15 @@ class CapacitySolver(Solver):
         self, problem: Problem, capacity_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
         """A plan whose saved bytes (RNG states included) are at most ``capacity_bytes``."""
+
+
+def _fast_status(problem: Problem, fast: Evaluation) -> tuple[str, float | None]:
+    """How sure the runtime-optimal plan is: optimal when it recomputes nothing costly, or when
+    it is the exact cut of the seconds (:func:`planner.bounds.runtime_optimal_plan`), whose
+    nanosecond rounding bounds the gap."""
+    if problem.save_seconds.any():
+        rounding = 0.5 * SECONDS_UNIT * int((problem.runtime > 0).sum() + (problem.save_seconds > 0).sum())
+        return Status.OPTIMAL, relative_gap(fast.seconds, fast.seconds - rounding) or 0.0
+    if fast.recompute_seconds == 0:
+        return Status.OPTIMAL, 0.0
+    return Status.HEURISTIC, None

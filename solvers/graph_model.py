@@ -8,7 +8,7 @@ Variables, one per relevant node where meaningful: ``saved[v]`` (v owns storage)
 
 Memory rows (the plan's memory at chosen steps of the training step, within the budget) are
 added by :mod:`solvers.peak_rows`, with continuous helper variables. The objective is the
-recompute runtime. Nodes that are neither read by the backward nor ancestors of such a node
+plan's seconds: the runtime of recomputed nodes plus the save cost of saved ones. Nodes that are neither read by the backward nor ancestors of such a node
 are left out. The model is plain scipy/numpy data; each back end (HiGHS, CBC, CP-SAT)
 translates it.
 """
@@ -28,7 +28,8 @@ __all__ = ["GraphModel", "RowBuilder", "build_graph_model", "tie_broken_objectiv
 class GraphModel:
     """``lower <= rows @ x <= upper``, ``0 <= x <= 1``, x integral where ``integral``.
 
-    ``runtime`` and ``memory`` are objective vectors over x (seconds, saved bytes);
+    ``runtime`` and ``memory`` are objective vectors over x (seconds recomputing and saving,
+    saved bytes);
     ``saved_var[i]`` and ``recomputed_var[i]`` are node i's variables or -1. Continuous
     variables only appear in memory rows, where their bounds pin them to 0 or 1 once the
     binaries are fixed.
@@ -148,6 +149,7 @@ def build_graph_model(problem: Problem) -> tuple[GraphModel, RowBuilder]:
     memory[recomputed_var[random]] = problem.rng_state_bytes
     runtime = np.zeros(build.num_vars)
     runtime[recomputed_var[r_nodes]] = problem.runtime[r_nodes]
+    runtime[saved_var[s_nodes]] = problem.save_seconds[s_nodes]
     base = GraphModel(sp.csr_matrix((0, build.num_vars)), np.zeros(0), np.zeros(0), runtime, memory,
                       saved_var, recomputed_var, np.ones(build.num_vars, dtype=bool), np.zeros(0))
     return base, build

@@ -2,7 +2,8 @@
 
 Starting from the most frugal plan, each item is one more node to save: its weight is its bytes,
 its value the seconds of recomputation it avoids *locally* (its own runtime, plus that of the
-unsaveable nodes it is read from, such as the multi-output op behind a getitem). Items are
+unsaveable nodes it is read from, such as the multi-output op behind a getitem) less what
+saving it costs (:attr:`planner.problem.Problem.save_seconds`). Items are
 treated as independent, as in PyTorch's knapsack partitioner; the true cost of the chosen set is
 then measured on the graph by :func:`planner.problem.evaluate`.
 """
@@ -28,6 +29,7 @@ def knapsack_items(problem: Problem, frugal: Evaluation) -> Items:
     """Items: saveable, recomputable nodes that the most frugal plan recomputes."""
     candidates = np.flatnonzero(frugal.recomputed & problem.saveable & ~frugal.saved)
     value = np.array([_local_runtime(problem, int(i)) for i in candidates], dtype=np.float64)
+    value -= problem.save_seconds[candidates]
     keep = value > 0
     index = candidates[keep]
     return Items(index, problem.nbytes[index].astype(np.int64), value[keep])

@@ -28,7 +28,7 @@ def lower_peak(problem: Problem, start: Evaluation, deadline: float, width: int 
         best = None
         for candidate in _neighbours(problem, plan, width):
             if candidate.peak_bytes < plan.peak_bytes and (
-                best is None or (candidate.peak_bytes, candidate.recompute_seconds) < (best.peak_bytes, best.recompute_seconds)
+                best is None or (candidate.peak_bytes, candidate.seconds) < (best.peak_bytes, best.seconds)
             ):
                 best = candidate
         if best is None:

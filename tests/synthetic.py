@@ -10,11 +10,12 @@ from planner.problem import InfeasibleDecision, Problem, evaluate
 from planner.schedule import Schedule
 
 
-def random_problem(seed: int, n: int, timed: bool = False) -> Problem:
+def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False) -> Problem:
     """A random DAG in topological order: some views, random ops, side effects and needed nodes.
 
     With ``timed``, a random schedule (backward reads, transients, backward memory) makes peak
-    memory differ from saved bytes; without, the peak is the saved bytes.
+    memory differ from saved bytes; without, the peak is the saved bytes. With ``priced``, saving
+    costs seconds too, on the scale of the runtimes, so recomputing can beat saving.
     """
     rng = np.random.default_rng(seed)
     ptr, idx = [0], []
@@ -40,6 +41,7 @@ def random_problem(seed: int, n: int, timed: bool = False) -> Problem:
         input_idx=np.array(idx, dtype=np.int64),
         rng_state_bytes=int(rng.integers(1, 20)),
         schedule=_random_schedule(rng, nbytes, needed) if timed else None,
+        save_seconds=np.where(saveable & (rng.random(n) < 0.7), rng.integers(0, 30, n) / 10.0, 0.0) if priced else None,
     )
 
 
@@ -61,6 +63,7 @@ def _random_schedule(rng: np.random.Generator, nbytes: np.ndarray, needed: np.nd
 
 problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 14))
 timed_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True))
+priced_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.booleans(), st.just(True))
 
 
 def all_plans(problem: Problem):
@@ -75,9 +78,10 @@ def all_plans(problem: Problem):
 
 
 def brute_force(problem: Problem, budget: int):
-    """Least recompute seconds over every saved set whose peak fits the budget (None if none)."""
+    """Least seconds (recomputing plus saving) over every saved set whose peak fits the budget
+    (None if none)."""
     fitting = [p for p in all_plans(problem) if p.peak_bytes <= budget]
-    return min(fitting, key=lambda p: p.recompute_seconds, default=None)
+    return min(fitting, key=lambda p: p.seconds, default=None)
 
 
 def brute_force_min_memory(problem: Problem) -> int:

@@ -128,3 +128,66 @@ def test_concurrent_cache_writers_keep_every_entry(tmp_path):
     data = json.loads(path.read_text())
     assert sorted(data["seconds"]) == sorted(f"{tag}{i}" for tag in "abcd" for i in range(40))
     assert not list(tmp_path.glob("*.tmp"))
+
+
+class _SinSquare(torch.nn.Module):
+    """``sin(x @ w) ** 2``: the backward reads the sine, which the forward fuses into the square."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 64))
+
+    def forward(self, x):
+        return (torch.sin(x @ self.w) ** 2).sum()
+
+
+def _sin_square_problem(save_cost):
+    from planner.build import build_problem
+    from planner.tracing import capture
+
+    torch.manual_seed(0)
+    model, x = _SinSquare(), torch.randn(128, 64)
+    est = RooflineEstimator(flops_per_second=1e12, bytes_per_second=1e9, save_cost=save_cost)
+    return model, x, build_problem(capture(model, (x,)), est, fuse=True)
+
+
+def test_roofline_prices_saving_by_its_memory_traffic():
+    from planner.bounds import runtime_optimal_plan
+
+    _, _, problem = _sin_square_problem(save_cost=True)
+    mm, sin = (problem.targets.index(f"aten.{op}.default") for op in ("mm", "sin"))
+    nbytes = 128 * 64 * 4
+    # The product is stored for the sine anyway and is no pointwise op, so the backward reads
+    # it either way: saving it is free. The sine lives only inside fused kernels, forward and
+    # backward: saving it costs a write and a read.
+    assert problem.save_seconds[mm] == 0.0
+    assert problem.save_seconds[sin] == pytest.approx(2 * nbytes / 1e9)
+    # Run again in the backward, the sine fuses with the cosine of its gradient, which loads
+    # the product anyway: it moves no bytes of its own.
+    assert problem.runtime[sin] == 0.0
+    fast = runtime_optimal_plan(problem)
+    assert fast.saved[mm] and fast.recomputed[sin]
+    assert fast.seconds < problem.save_seconds[sin]  # recomputing the sine beats saving it
+
+    _, _, free = _sin_square_problem(save_cost=False)
+    assert not free.save_seconds.any()
+    assert runtime_optimal_plan(free).saved[sin]
+
+
+def test_plan_that_recomputes_to_save_bandwidth_trains_like_eager():
+    import planner
+    from tests.training import assert_same_step
+
+    config = planner.PlannerConfig(codegen="eager", estimator="roofline", time_limit=5,
+                                   estimator_options={"flops_per_second": 1e12, "bytes_per_second": 1e9})
+
+    def make():
+        model, x, _ = _sin_square_problem(save_cost=True)
+        return model, (x,)
+
+    def run_planned(twin, inputs):
+        result = planner.plan(twin, inputs, memory_budget=1.0, config=config)
+        assert "sin" not in " ".join(result.decision.saved)  # recomputed, not saved
+        return result.module
+
+    assert_same_step(make, run_planned)

@@ -13,7 +13,7 @@ from planner.problem import evaluate_names
 from solvers import available_solvers, get_solver
 from solvers.knapsack_items import knapsack_items
 from solvers.frugal import min_peak_plan
-from tests.synthetic import brute_force, brute_force_min_peak, problems, random_problem, timed_problems
+from tests.synthetic import all_plans, brute_force, brute_force_min_peak, priced_problems, problems, random_problem, timed_problems
 
 SOLVERS = available_solvers()
 
@@ -33,6 +33,7 @@ def test_decision_is_feasible_and_its_figures_are_recomputable(name, problem, fr
     assert decision.solver == name
     assert result.memory_bytes == decision.memory_bytes <= budget
     assert result.recompute_seconds == pytest.approx(decision.recompute_seconds)
+    assert result.save_seconds == pytest.approx(decision.save_seconds)
     assert decision.status in (Status.OPTIMAL, Status.FEASIBLE, Status.HEURISTIC)
 
 
@@ -48,7 +49,7 @@ def test_exact_solvers_equal_brute_force(name, options, problem, fraction):
     assert decision.status == Status.OPTIMAL and decision.gap == 0.0
     # Exact up to the documented memory tie-break: 1e-4 of the costliest node's runtime.
     tolerance = 1e-4 * problem.runtime.max() + 1e-12
-    assert decision.recompute_seconds == pytest.approx(brute_force(problem, budget).recompute_seconds, abs=tolerance)
+    assert decision.seconds == pytest.approx(brute_force(problem, budget).seconds, abs=tolerance)
 
 
 @settings(max_examples=40, deadline=None)
@@ -62,7 +63,7 @@ def test_exact_solvers_equal_brute_force_on_peak_memory(name, options, problem, 
     decision = get_solver(name, **options).solve(problem, budget)
     assert decision.status == Status.OPTIMAL and decision.peak_bytes <= budget
     tolerance = 1e-4 * problem.runtime.max() + 1e-12
-    assert decision.recompute_seconds == pytest.approx(brute_force(problem, budget).recompute_seconds, abs=tolerance)
+    assert decision.seconds == pytest.approx(brute_force(problem, budget).seconds, abs=tolerance)
 
 
 @settings(max_examples=40, deadline=None)
@@ -79,10 +80,10 @@ def test_heuristics_fit_the_peak_budget(name, problem, fraction):
 @given(problems, st.floats(0, 1))
 def test_ilp_is_never_worse_than_the_heuristics(problem, fraction):
     budget = budget_in_range(problem, fraction)
-    best = get_solver("ilp").solve(problem, budget).recompute_seconds
+    best = get_solver("ilp").solve(problem, budget).seconds
     for name in ("greedy", "dp", "mincut"):
-        assert best <= get_solver(name).solve(problem, budget).recompute_seconds + 1e-9
-    assert get_solver("cpsat").solve(problem, budget).recompute_seconds == pytest.approx(best, abs=2e-4 * problem.runtime.max())
+        assert best <= get_solver(name).solve(problem, budget).seconds + 1e-9
+    assert get_solver("cpsat").solve(problem, budget).seconds == pytest.approx(best, abs=2e-4 * problem.runtime.max())
 
 
 @settings(max_examples=60, deadline=None)
@@ -160,10 +161,10 @@ def test_decision_round_trips_through_json():
 def test_mincut_gap_is_a_proven_bound(problem, fraction):
     budget = budget_in_range(problem, fraction)
     decision = get_solver("mincut").solve(problem, budget)
-    optimum = brute_force(problem, budget).recompute_seconds
+    optimum = brute_force(problem, budget).seconds
     assert decision.gap is not None
     # The bound the cuts prove never exceeds the true optimum.
-    assert decision.recompute_seconds * (1 - decision.gap) <= optimum + 1e-9
+    assert decision.seconds * (1 - decision.gap) <= optimum + 1e-9
 
 
 @pytest.mark.parametrize("name,options", [("ilp", {"backend": "highs"}), ("ilp", {"backend": "cbc"}), ("cpsat", {}), ("mincut", {})])
@@ -188,3 +189,45 @@ def test_unknown_ilp_backend_names_the_choices():
 def test_bad_solver_options_name_the_option(name, option, value):
     with pytest.raises(ConfigError, match=f"{name} {option} must be a positive int"):
         get_solver(name, **{option: value})
+
+
+# Save costs: saving a value costs seconds (its write and read back), so recomputing can win.
+
+@settings(max_examples=60, deadline=None)
+@given(priced_problems)
+def test_runtime_optimal_plan_is_the_least_seconds_of_all_plans(problem):
+    fast = runtime_optimal_plan(problem)
+    plans = list(all_plans(problem))
+    least = min(p.seconds for p in plans)
+    # The cut prices seconds in whole nanoseconds; the synthetic runtimes are whole tenths.
+    assert fast.seconds == pytest.approx(least, abs=1e-9 * len(problem))
+    # Among the fastest plans, the least memory.
+    assert fast.memory_bytes == min(p.memory_bytes for p in plans if p.seconds <= least + 1e-9 * len(problem))
+
+
+@settings(max_examples=30, deadline=None)
+@given(priced_problems, st.floats(0, 1))
+@pytest.mark.parametrize("name,options", EXACT)
+def test_exact_solvers_equal_brute_force_with_save_costs(name, options, problem, fraction):
+    frugal, fast = min_peak_plan(problem).plan.peak_bytes, runtime_optimal_plan(problem).peak_bytes
+    budget = frugal + int((fast - frugal) * fraction)
+    decision = get_solver(name, **options).solve(problem, budget)
+    assert decision.status == Status.OPTIMAL and decision.peak_bytes <= budget
+    tolerance = 1e-4 * max(problem.runtime.max(), problem.save_seconds.max()) + 1e-9 * len(problem)
+    assert decision.seconds == pytest.approx(brute_force(problem, budget).seconds, abs=tolerance)
+
+
+@settings(max_examples=30, deadline=None)
+@given(priced_problems, st.floats(0, 1))
+@pytest.mark.parametrize("name", SOLVERS)
+def test_every_solver_reports_the_save_seconds_of_its_plan(name, problem, fraction):
+    frugal, fast = min_peak_plan(problem).plan.peak_bytes, runtime_optimal_plan(problem).peak_bytes
+    budget = frugal + int((fast - frugal) * fraction)
+    decision = get_solver(name).solve(problem, budget)
+    result = evaluate_names(problem, decision.saved)
+    assert decision.peak_bytes == result.peak_bytes <= budget
+    assert decision.save_seconds == pytest.approx(result.save_seconds)
+    assert decision.save_seconds == pytest.approx(problem.save_seconds[result.saved].sum())
+    if name == "mincut":
+        # The cuts' bound holds for the objective with save costs too.
+        assert decision.seconds * (1 - decision.gap) <= brute_force(problem, budget).seconds + 1e-9
