@@ -12,7 +12,7 @@ from planner.errors import SolverError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver, relative_gap
 from solvers.graph_model import GraphModel
-from solvers.ilp import Answer, within_peak
+from solvers.ilp import Answer, mincut_start, within_peak
 from solvers.peak_rows import Limit
 
 __all__ = ["CPSATSolver", "run_cpsat"]
@@ -22,7 +22,7 @@ OBJECTIVE_SCALE = 1e8
 
 
 class CPSATSolver(Solver):
-    """Constraint programming with clause learning (CP-SAT), started from the most frugal plan.
+    """Constraint programming with clause learning (CP-SAT), started from the mincut plan.
 
     Same objective as ``ilp`` (recompute runtime, memory as a tie-break), in integers: each
     node's weight is rounded to 1e-8 of the costliest node's runtime. ``gap`` is CP-SAT's
@@ -45,8 +45,9 @@ class CPSATSolver(Solver):
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
-        hint = (frugal.saved, frugal.recomputed)
-        solution = within_peak(problem, budget_bytes, frugal, deadline,
+        start = mincut_start(problem, budget_bytes, frugal, fast, deadline)
+        hint = (start.saved, start.recomputed)
+        solution = within_peak(problem, budget_bytes, start, deadline,
                                lambda model, objective: self._run(model, objective, hint, deadline))
         solution.stats["workers"] = self.workers
         return solution

@@ -17,7 +17,7 @@ from planner.decision import Status
 from planner.errors import ConfigError
 from planner.problem import Evaluation, Problem, evaluate
 from solvers.base import Solution, Solver, relative_gap
-from solvers.graph_model import GraphModel, build_graph_model, tie_broken_objective
+from solvers.graph_model import MEMORY_TIE_BREAK, GraphModel, build_graph_model, tie_broken_objective
 from solvers.peak_rows import Round, solve_within_peak
 
 __all__ = ["ILPSolver", "BACKENDS", "lp_bound", "solve_highs", "to_round", "within_peak"]
@@ -60,31 +60,57 @@ class ILPSolver(Solver):
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
         backend = BACKENDS[self.backend]
-        solution = within_peak(problem, budget_bytes, frugal, deadline,
+        start = mincut_start(problem, budget_bytes, frugal, fast, deadline)
+        solution = within_peak(problem, budget_bytes, start, deadline,
                                lambda model, objective: backend(model, objective, deadline))
         solution.stats["backend"] = self.backend
         return solution
 
 
-def within_peak(problem: Problem, budget_bytes: int, frugal: Evaluation, deadline: float, run) -> Solution:
+def mincut_start(problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float) -> Evaluation:
+    """The exact solvers' starting plan: the ``mincut`` solver's plan for this budget (a few
+    max-flows, at most a tenth of the time left), or the most frugal plan if that is faster.
+    Either fits the budget."""
+    from solvers.mincut import MinCutSolver
+
+    share = time.monotonic() + 0.1 * max(0.0, deadline - time.monotonic())
+    plan = evaluate(problem, MinCutSolver()._solve(problem, budget_bytes, frugal, fast, share).saved)
+    return plan if plan.peak_bytes <= budget_bytes and plan.seconds < frugal.seconds else frugal
+
+
+def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline: float, run) -> Solution:
     """The least-runtime plan whose peak fits, by :func:`solvers.peak_rows.solve_within_peak`.
 
-    ``run(model, objective)`` solves one program and returns an :class:`Answer`. If the time
-    limit passes before a plan within the budget is found, the most frugal plan (which fits by
-    construction) is returned with status ``feasible`` and no gap, and ``stats`` says so.
+    ``run(model, objective)`` solves one program and returns an :class:`Answer`. ``start`` is
+    a plan within the budget (the most frugal, or :func:`mincut_start`'s): if the time limit
+    passes before a faster plan within the budget is found, it is returned with status
+    ``feasible``, and ``stats`` says so. A plan that is not proven optimal gets its gap to the
+    best bound any round proved (each round relaxes the full program, so its bound holds).
     """
     base, build = build_graph_model(problem)
     objective = tie_broken_objective(base)
+    top = float(np.max(base.runtime, initial=0.0))
+    bounds = [0.0]
 
     def solve(model, limit):
-        return to_round(problem, model, run(model, np.pad(objective, (0, model.num_vars - len(objective)))))
+        padded = np.pad(objective, (0, model.num_vars - len(objective)))
+        answer = run(model, padded)
+        if answer.x is not None and answer.gap is not None:
+            # The bound of the scaled, tie-broken objective, back in seconds: the tie-break
+            # weighs at most MEMORY_TIE_BREAK in all.
+            bounds.append(max(0.0, float(padded @ answer.x) * (1.0 - answer.gap) - MEMORY_TIE_BREAK) * top)
+        return to_round(problem, model, answer)
 
     result, stats = solve_within_peak(problem, base, build, solve, deadline, limit_bytes=budget_bytes)
-    if result.plan is None or result.plan.peak_bytes > budget_bytes:
-        stats["answer"] = "most frugal plan: the time limit passed before a plan within the budget was found"
-        return Solution(frugal.saved, Status.FEASIBLE, None, stats)
-    status = Status.OPTIMAL if result.optimal else Status.FEASIBLE
-    return Solution(result.plan.saved, status, 0.0 if result.optimal else result.gap, stats)
+    stats["start_seconds"] = start.seconds
+    if result.plan is not None and result.optimal and result.plan.peak_bytes <= budget_bytes:
+        return Solution(result.plan.saved, Status.OPTIMAL, 0.0, stats)
+    if result.plan is None or result.plan.peak_bytes > budget_bytes or result.plan.seconds > start.seconds:
+        stats["answer"] = "the starting plan: the time limit passed before a faster plan within the budget was found"
+        found = start
+    else:
+        found = result.plan
+    return Solution(found.saved, Status.FEASIBLE, relative_gap(found.seconds, max(bounds)), stats)
 
 
 def to_round(problem: Problem, model: GraphModel, answer: "Answer") -> Round:

@@ -173,7 +173,8 @@ def solve_within_peak(
     The limit is ``limit_bytes``; with ``peak_span`` it is ``limit_bytes + peak_span * p`` for
     a new variable p in [0, 1] that ``solve`` should minimise (the most frugal plan). ``solve``
     gets the model and the limit, and returns a :class:`Round`. Returns the last round and
-    loop statistics; at the deadline the last round is returned as it is.
+    loop statistics. At the deadline, if the last round's plan exceeds a fixed limit, the
+    fastest plan of an earlier round that fitted it is returned instead (not optimal, no gap).
     """
     rows = PeakRows(problem, base)
     unit = memory_unit(problem)
@@ -182,7 +183,7 @@ def solve_within_peak(
     else:
         limit = Limit(limit_bytes, unit, int(build.add_vars(1, integral=False)[0]), peak_span)
     forward_steps, backward_steps = {len(problem) - 1}, {0, int(np.argmax(problem.schedule.base))}
-    rounds = 0
+    rounds, fitting = 0, None
     while True:
         trial = build.copy()
         rows.add(trial, forward_steps, backward_steps, limit)
@@ -195,7 +196,15 @@ def solve_within_peak(
         prof = memory_profile(problem, result.plan)
         new_f = _over(prof.forward, allowed, forward_steps)
         new_b = _over(prof.backward, allowed, backward_steps)
-        if not (new_f or new_b) or time.monotonic() > deadline:
+        if not (new_f or new_b):
+            return result, stats
+        if peak_span is None and result.plan.peak_bytes <= allowed and (
+                fitting is None or result.plan.seconds < fitting.plan.seconds):
+            fitting = Round(result.plan, result.x, False, None)
+        if time.monotonic() > deadline:
+            if peak_span is None and result.plan.peak_bytes > allowed and fitting is not None:
+                stats["answer"] = f"round {rounds} exceeded the budget at the time limit; an earlier round's plan fitted"
+                return fitting, stats
             return result, stats
         forward_steps |= new_f
         backward_steps |= new_b
