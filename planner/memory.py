@@ -106,7 +106,7 @@ def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
 
 def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
     """Inductor computes ``node`` inside the kernels that read it (see the module docstring)."""
-    if not (fusible(node) and reading and all(_absorbs(r) for r in reading)):
+    if not (fusible(node) and reading and all(generated(r) for r in reading)):
         return False
     return len(reading) == 1 or len(_leaf_reads(node, depth=8)) <= REALIZE_READS
 
@@ -118,7 +118,7 @@ def _leaf_reads(node: fx.Node, depth: int) -> set[fx.Node]:
         producer = inp
         while _shared_input(producer) is not None:
             producer = _shared_input(producer)
-        if depth > 0 and fusible(producer) and all(_absorbs(r) for r in readers(producer)):
+        if depth > 0 and fusible(producer) and all(generated(r) for r in readers(producer)):
             leaves |= _leaf_reads(producer, depth - 1)
         else:
             leaves.add(producer)
@@ -135,7 +135,9 @@ def fusible(node: fx.Node) -> bool:
     return torch.Tag.pointwise in _tags(node) or node.target in _CASTS
 
 
-def _absorbs(node: fx.Node) -> bool:
+def generated(node: fx.Node) -> bool:
+    """A pointwise op, a cast or a reduction: inductor generates its kernel code, and can
+    compute a fused producer inside it."""
     tags = _tags(node)
     return torch.Tag.pointwise in tags or torch.Tag.reduction in tags or node.target in _CASTS
 
@@ -190,7 +192,7 @@ class _Walk:
                     last[key] = max(last.get(key, -1), kernel[node])
         kept = {key for out in keep for key in keys.get(out, ())} | set(held)
         for k, node in enumerate(nodes):
-            if self.fuse and len(made[node]) == 1 and (fusible(node) or _absorbs(node)):
+            if self.fuse and len(made[node]) == 1 and (fusible(node) or generated(node)):
                 self.live -= self._reused(made[node][0], k, last, kept)
             self.live.update(made[node])
             if node.op == "call_function":
