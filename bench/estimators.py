@@ -17,9 +17,10 @@ Per budget: each estimator's step time over the ``flops`` plan's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
+
+from bench import merge_runs, save_rows
 
 RESULTS = Path(__file__).parent / "results"
 ESTIMATORS = ["constant", "flops", "roofline", "profile"]
@@ -45,7 +46,7 @@ def run(args) -> list[dict]:
     def point(budget, estimator, role):
         row = {"role": role, **run_point(base, batch, budget, args.solver, args.time_limit, args.steps, estimator)}
         rows.append(row)
-        _save(args.out, torch.cuda.get_device_name(), torch.__version__, rows)  # a cut-off run keeps its rows
+        save_rows(args.out, torch.cuda.get_device_name(), torch.__version__, rows)
         print(f"| {role} | {estimator} | {budget:g} | {row['step_ms']:.2f} | {_overhead(row) * 1e3:.3f} "
               f"| {row['peak_activation_bytes'] / 2**30:.3f} | {row['status']} |", flush=True)
 
@@ -96,11 +97,6 @@ def _overhead(row: dict) -> float:
     return row.get("overhead_seconds", row["recompute_seconds"])
 
 
-def _save(out: Path, device: str, version: str, rows: list[dict]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": device, "torch": version, "rows": rows}, indent=1))
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--estimators", nargs="+", default=ESTIMATORS)
@@ -112,17 +108,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report", type=Path, nargs="+", help="merge these JSON files instead of measuring")
     args = parser.parse_args(argv)
     if args.report:
-        runs = [json.loads(p.read_text()) for p in args.report]
-        if len({r["device"] for r in runs}) > 1:
-            parser.error("the files were measured on different devices; compare one device's runs")
-        device, version, rows = runs[0]["device"], runs[0]["torch"], [row for r in runs for row in r["rows"]]
+        try:
+            device, version, rows = merge_runs(args.report)
+        except ValueError as err:
+            parser.error(str(err))
     else:
         import torch
 
         if not torch.cuda.is_available():
             parser.error("this benchmark measures GPU step time and needs CUDA; run it on a GPU machine")
         device, version, rows = torch.cuda.get_device_name(), torch.__version__, run(args)
-    _save(args.out, device, version, rows)
+    save_rows(args.out, device, version, rows)
     text = "\n".join([f"{device}, torch {version}", "", *summarise(rows)])
     args.out.with_suffix(".md").write_text(text + "\n")
     print(text)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 
 import planner
 from planner.bounds import save_all_plan
+from bench import save_rows
 from bench.gpu_step import measure
 from bench.workloads import WORKLOADS
 
@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)
         del base, batch
         torch.cuda.empty_cache()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, indent=1))
+    save_rows(args.out, torch.cuda.get_device_name(), torch.__version__, rows)
 
 
 if __name__ == "__main__":

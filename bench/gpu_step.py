@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 from pathlib import Path
 
 import torch
 
 import planner
+from bench import save_rows
 from planner.models import GPTConfig, gpt_example
 
 RESULTS = Path(__file__).parent / "results"
@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=budget, solver=args.solver)
         result = measure(torch.compile(model, backend=be), list(model.parameters()), batch, args.steps)
         record(f"planner-{args.solver}", budget, result, sum(g.decision.memory_bytes for g in be.graphs))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, indent=1))
+    save_rows(args.out, torch.cuda.get_device_name(), torch.__version__, rows)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
 from pathlib import Path
+
+from bench import merge_runs, save_rows
 
 RESULTS = Path(__file__).parent / "results"
 GIB = 2**30
@@ -50,7 +51,7 @@ def run(args, out: Path) -> list[dict]:
 
     def record(row: dict) -> None:
         rows.append({"model": args.model, **row})
-        _save(rows, out.with_suffix(".json"), torch.cuda.get_device_name(), torch.__version__)  # a cut-off run keeps its rows
+        save_rows(out.with_suffix(".json"), torch.cuda.get_device_name(), torch.__version__, rows)
         print(_table_row(rows[-1]), flush=True)
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, model {args.model}")
@@ -130,16 +131,11 @@ def targets(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _save(rows: list[dict], path: Path, device: str, torch_version: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"device": device, "torch": torch_version, "rows": rows}, indent=1))
-
-
 def write(rows: list[dict], out: Path, device: str, torch_version: str) -> None:
     """``out``.json, .md and .png of the rows."""
     from planner.comparison import plot_measured
 
-    _save(rows, out.with_suffix(".json"), device, torch_version)
+    save_rows(out.with_suffix(".json"), device, torch_version, rows)
     model = rows[0]["model"] if rows else "?"
     text = [f"{device}, torch {torch_version}, model {model}", "", _HEADER, *map(_table_row, rows), "", *targets(rows)]
     out.with_suffix(".md").write_text("\n".join(text) + "\n")
@@ -163,11 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = args.out or RESULTS / f"pareto-{args.model}"
     if args.report:
-        runs = [json.loads(path.read_text()) for path in args.report]
-        devices = {r["device"] for r in runs}
-        if len(devices) > 1:
-            parser.error(f"the files were measured on different devices ({', '.join(sorted(devices))}); compare one device's runs")
-        write([row for r in runs for row in r["rows"]], out, runs[0]["device"], runs[0]["torch"])
+        try:
+            device, version, rows = merge_runs(args.report)
+        except ValueError as err:
+            parser.error(str(err))
+        write(rows, out, device, version)
         return
     import torch
 

@@ -131,9 +131,9 @@ class RooflineEstimator(Estimator):
         written = stored_bytes(node, readers(node), self.fuse) if self.fuse else _nbytes(node)
         read = 0
         for inp in node.all_input_nodes:
-            root = _root(inp)
             if inp in shared:
                 continue
+            root = _root(inp)
             if self.fuse and isinstance(root.meta.get("val"), torch.Tensor) and root.op == "call_function" \
                     and stored_bytes(root, readers(root), True) == 0:
                 continue  # inlined: its own inputs are what the kernel reads
