@@ -23,7 +23,7 @@ import planner
 from planner.bounds import save_all_plan
 from bench import save_rows
 from bench.gpu_step import measure
-from bench.workloads import WORKLOADS
+from bench.workloads import WORKLOADS, own_frame
 
 RESULTS = Path(__file__).parent / "results"
 GIB = 2**30
@@ -32,18 +32,22 @@ GIB = 2**30
 MODELS = {name: WORKLOADS[name] for name in ("gpt", "resnet")}
 
 
-def run_point(base, batch, budget: float, solver: str, time_limit: float, steps: int, estimator: str = "flops") -> dict:
-    """Plan ``base`` through torch.compile at ``budget``; measured and predicted figures of one step."""
-    torch._dynamo.reset()
+def run_point(base, batch, budget: float | int, solver: str, time_limit: float, steps: int, estimator: str = "flops",
+              keep: list | None = None) -> dict:
+    """Plan ``base`` through torch.compile at ``budget`` (a fraction, or bytes); measured and
+    predicted figures of one step. With ``keep``, the compiled model and its parameters are
+    appended to it, to be timed again (:func:`bench.gpu_step.retime`)."""
     model = copy.deepcopy(base)
     config = planner.PlannerConfig(codegen="inductor", memory_budget=budget, solver=solver, time_limit=time_limit,
                                    estimator=estimator)
     backend = planner.backend(config)
     start = time.perf_counter()
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(own_frame(model), backend=backend)
     result = measure(compiled, list(model.parameters()), batch, steps)
     (graph,) = backend.graphs
     (timeline,) = backend.timelines
+    if keep is not None:
+        keep.append((compiled, list(model.parameters())))
     return {
         "budget": budget,
         "solver": solver,

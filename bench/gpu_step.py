@@ -25,17 +25,18 @@ RESULTS = Path(__file__).parent / "results"
 
 def measure(run, params, batch, steps: int) -> dict:
     """Peak activation memory (bytes) and median step time (ms) of ``run(*batch).backward()``."""
-    def step():
-        for p in params:
-            p.grad = None
-        run(*batch).backward()
-
-    step()  # warm-up: compiles
+    _clear(params)
+    run(*batch).backward()  # warm-up: compiles
     torch.cuda.synchronize()
-    for p in params:
-        p.grad = None
+    _clear(params)
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
+    times = step_times(run, params, batch, steps)
+    return {"peak_activation_bytes": torch.cuda.max_memory_allocated() - before, "step_ms": statistics.median(times)}
+
+
+def step_times(run, params, batch, steps: int) -> list[float]:
+    """Milliseconds of each of ``steps`` steps, timed with CUDA events (gradients cleared between)."""
     times = []
     for _ in range(steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -44,9 +45,28 @@ def measure(run, params, batch, steps: int) -> dict:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-        for p in params:
-            p.grad = None
-    return {"peak_activation_bytes": torch.cuda.max_memory_allocated() - before, "step_ms": statistics.median(times)}
+        _clear(params)
+    return times
+
+
+def retime(runs: list, batch, rounds: int, steps: int) -> list[float]:
+    """Median step time (ms) of each ``(run, params)`` in ``runs``, timed again together.
+
+    ``rounds`` passes each take one untimed step and then ``steps`` timed steps of every run in
+    turn, so a drift of the GPU's clocks or temperature during a long benchmark falls on every
+    run alike instead of on whichever ran at the time.
+    """
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for mine, (run, params) in zip(times, runs):
+            step_times(run, params, batch, 1)
+            mine.extend(step_times(run, params, batch, steps))
+    return [statistics.median(t) for t in times]
+
+
+def _clear(params) -> None:
+    for p in params:
+        p.grad = None
 
 
 def main(argv: list[str] | None = None) -> None:

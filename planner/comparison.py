@@ -11,7 +11,7 @@ from planner.compiler import solve_graph
 from planner.config import PlannerConfig
 from planner.tracing import as_inputs, capture
 
-__all__ = ["sweep", "to_markdown", "plot_pareto", "plot_measured"]
+__all__ = ["sweep", "to_markdown", "plot_pareto", "plot_measured", "curve_label"]
 
 COLUMNS = ("solver", "estimator", "budget", "saved_mib", "recompute_ms", "overhead", "plan_ms", "status", "gap")
 
@@ -86,25 +86,33 @@ def plot_measured(rows: list[dict[str, Any]], path: str | Path, title: str = "Me
     ``rows`` are the records of ``bench/pareto.py`` (``method``, ``solver``, ``budget``,
     ``peak_activation_bytes``, ``step_ms``); methods with one point (eager, checkpointing) are
     drawn as markers, each budget sweep as a line through its points from the largest budget to
-    the smallest (so a curve that turns back shows memory rising as the budget falls).
+    the smallest (so a curve that turns back shows memory rising as the budget falls), and
+    planner points planned at torch.compile's measured memory (``matched``) as diamonds.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def curve(row):
-        return f"planner {row['solver']}" if row["method"] == "planner" else row["method"]
-
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for key in sorted({curve(r) for r in rows}, key=lambda k: (k.startswith("planner"), k)):
-        mine = sorted((r for r in rows if curve(r) == key), key=lambda r: -(r.get("budget") or 0))  # budget order
+    for key in sorted({curve_label(r) for r in rows}, key=lambda k: (k.startswith("planner"), k)):
+        mine = sorted((r for r in rows if curve_label(r) == key), key=lambda r: -(r.get("budget") or 0))  # budget order
         points = [(r["peak_activation_bytes"] / 2**30, r["step_ms"]) for r in mine]
         style = {"linestyle": "none", "marker": "s", "markersize": 8} if len(points) == 1 else {"marker": "o"}
+        if key.endswith("torch.compile's memory"):
+            style = {"linestyle": "none", "marker": "D", "markersize": 6}  # answers to torch.compile's points
         if key == "torch.compile":
             style.update(color="black", linewidth=2)
         ax.plot(*zip(*points), label=key, **style)
     return _finish(fig, ax, path, title, "peak activation memory (GiB, measured)", "step time (ms, median)")
+
+
+def curve_label(row: dict[str, Any]) -> str:
+    """The curve a measured row belongs to: eager, checkpoint, torch.compile, planner <solver>,
+    or planner <solver> given torch.compile's measured memory as its budget (``matched``)."""
+    if row["method"] != "planner":
+        return row["method"]
+    return f"planner {row['solver']}" + (" at torch.compile's memory" if row.get("matched") is not None else "")
 
 
 def _finish(fig, ax, path: str | Path, title: str, xlabel: str, ylabel: str) -> Path:

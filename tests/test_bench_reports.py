@@ -59,3 +59,39 @@ def test_estimator_summary_ranks_errors_and_compares_with_flops():
     assert "| roofline | 1.00 | 10% | met |" in text
     assert "| flops | -1.00 |" in text
     assert "| 0.4 | 32.60 | 0.985 |" in text  # roofline's plan 0.5 ms faster than flops' at budget 0.4
+
+
+def test_points_planned_at_torch_compiles_memory_are_their_own_curve():
+    rows = [_row("torch.compile", 0.8, 3.2, 30.0),
+            {**_row("planner", int(3.2 * GIB), 3.0, 29.5, "cpsat"), "matched": 0.8}]
+    text = "\n".join(targets(rows))
+    assert "| 0.8 | 3.200 / 30.0 | planner cpsat at torch 0.8's memory (3.200 GiB): 3.000 GiB / 29.5 ms | 0.983 | yes |" in text
+
+
+def test_each_benchmark_point_keeps_its_own_compiled_graph():
+    # One backend compiling two copies of a model: behind their own frames each gets its own
+    # graph, so points compiled under different settings never share one.
+    import copy
+
+    import torch
+    import torch.nn as nn
+
+    from bench.workloads import own_frame
+
+    compiled, ran = [], []
+
+    def backend(gm, example_inputs):
+        k = len(compiled)
+        compiled.append(gm)
+
+        def run(*args):
+            ran.append(k)
+            return gm(*args)
+        return run
+
+    base, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(2, 4)
+    first, second = (torch.compile(own_frame(copy.deepcopy(base)), backend=backend) for _ in range(2))
+    for _ in range(2):
+        torch.testing.assert_close(first(x), base(x))
+        second(x)
+    assert len(compiled) == 2 and ran == [0, 1, 0, 1]
