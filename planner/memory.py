@@ -136,10 +136,17 @@ def fusible(node: fx.Node) -> bool:
 
 
 def generated(node: fx.Node) -> bool:
-    """A pointwise op, a cast or a reduction: inductor generates its kernel code, and can
-    compute a fused producer inside it."""
+    """A pointwise op, a cast, a reduction, or an ATen factory (``iota``, ``full``,
+    ``scalar_tensor``: no tensor inputs): inductor generates its kernel code, and can compute
+    a fused producer inside it."""
     tags = _tags(node)
-    return torch.Tag.pointwise in tags or torch.Tag.reduction in tags or node.target in _CASTS
+    return torch.Tag.pointwise in tags or torch.Tag.reduction in tags or node.target in _CASTS or _factory(node)
+
+
+def _factory(node: fx.Node) -> bool:
+    target = node.target
+    return (isinstance(target, torch._ops.OpOverload) and target.namespace in ("aten", "prims")
+            and not any(isinstance(i.meta.get("val"), torch.Tensor) for i in node.all_input_nodes))
 
 
 _CASTS = (torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)
