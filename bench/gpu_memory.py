@@ -42,12 +42,12 @@ def run_point(base, batch, budget: float | int, solver: str, time_limit: float, 
                                    estimator=estimator)
     backend = planner.backend(config)
     start = time.perf_counter()
-    compiled = torch.compile(own_frame(model), backend=backend)
-    result = measure(compiled, list(model.parameters()), batch, steps)
+    compiled, params = torch.compile(own_frame(model), backend=backend), list(model.parameters())
+    result = measure(compiled, params, batch, steps)
     (graph,) = backend.graphs
     (timeline,) = backend.timelines
     if keep is not None:
-        keep.append((compiled, list(model.parameters())))
+        keep.append((compiled, params))
     return {
         "budget": budget,
         "solver": solver,
