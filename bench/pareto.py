@@ -42,11 +42,6 @@ METHODS = ["eager", "checkpoint", "torch", "planner"]
 SOLVERS = ["mincut", "greedy", "dp", "ilp", "cpsat"]
 
 
-def label(row: dict) -> str:
-    """The curve a row belongs to (:func:`planner.comparison.curve_label`)."""
-    return curve_label(row)
-
-
 def budget_text(row: dict) -> str:
     """A row's budget as the table shows it: a fraction, or torch.compile's memory it was given."""
     if row.get("matched") is not None:
@@ -57,7 +52,7 @@ def budget_text(row: dict) -> str:
 def _point(row: dict) -> str:
     if row.get("matched") is not None:
         return f"planner {row['solver']} at torch {row['matched']:g}'s memory ({row['budget'] / GIB:.3f} GiB)"
-    return f"{label(row)} at {budget_text(row)}"
+    return f"{curve_label(row)} at {budget_text(row)}"
 
 
 def run(args, out: Path) -> list[dict]:
@@ -138,7 +133,7 @@ def _table_row(row: dict) -> str:
     def fmt(key, scale=1.0, spec=".3f"):
         return "-" if row.get(key) is None else format(row[key] / scale, spec)
 
-    return (f"| {label(row)} | {budget_text(row)} | {fmt('peak_activation_bytes', GIB)} | {fmt('step_ms', spec='.1f')} "
+    return (f"| {curve_label(row)} | {budget_text(row)} | {fmt('peak_activation_bytes', GIB)} | {fmt('step_ms', spec='.1f')} "
             f"| {fmt('predicted_peak_bytes', GIB)} | {fmt('plan_seconds', spec='.1f')} | {row.get('status') or '-'} |")
 
 

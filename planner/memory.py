@@ -199,7 +199,7 @@ class _Walk:
                     last[key] = max(last.get(key, -1), kernel[node])
         kept = {key for out in keep for key in keys.get(out, ())} | set(held)
         for k, node in enumerate(nodes):
-            if self.fuse and len(made[node]) == 1 and (fusible(node) or generated(node)):
+            if self.fuse and len(made[node]) == 1 and generated(node):  # pointwise ops and casts included
                 self.live -= self._reused(made[node][0], k, last, kept)
             self.live.update(made[node])
             if node.op == "call_function":

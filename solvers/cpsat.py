@@ -24,8 +24,8 @@ OBJECTIVE_SCALE = 1e8
 class CPSATSolver(Solver):
     """Constraint programming with clause learning (CP-SAT), started from the mincut plan.
 
-    Same objective as ``ilp`` (recompute runtime, memory as a tie-break), in integers: each
-    node's weight is rounded to 1e-8 of the costliest node's runtime. ``gap`` is CP-SAT's
+    Same objective as ``ilp`` (recompute plus save seconds, memory as a tie-break), in integers:
+    each variable's weight is rounded to 1e-8 of the costliest one's. ``gap`` is CP-SAT's
     relative distance between the plan and its proven bound.
 
     Parameters
