@@ -7,8 +7,8 @@ Both follow the same rules, read from node metadata:
 * a storage is freed right after its last reader (inductor and fx code both drop references
   at last use); inputs and parameters are held before the step and never counted;
 * forward outputs the caller keeps, and the gradients the backward returns, live to the end;
-* with ``fuse=True`` (inductor), a pointwise value read only by pointwise ops and reductions is
-  computed inside their kernel and never stored, unless several kernels read it and it reads
+* with ``fuse=True`` (inductor), a pointwise value read only by pointwise ops, reductions and
+  indexing ops (:func:`fuses_producers`) is computed inside their kernel and never stored, unless several kernels read it and it reads
   more than ``REALIZE_READS`` stored inputs (inductor then stores it rather than recompute it
   in each reader: its ``realize_reads_threshold``); a fused value's inputs are read when the
   kernel computing it runs. :func:`simulate` also lets a fused kernel write its output into an
@@ -106,7 +106,7 @@ def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
 
 def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
     """Inductor computes ``node`` inside the kernels that read it (see the module docstring)."""
-    if not (fusible(node) and reading and all(generated(r) for r in reading)):
+    if not (fusible(node) and reading and all(fuses_producers(r) for r in reading)):
         return False
     return len(reading) == 1 or len(_leaf_reads(node, depth=8)) <= REALIZE_READS
 
@@ -118,7 +118,7 @@ def _leaf_reads(node: fx.Node, depth: int) -> set[fx.Node]:
         producer = inp
         while _shared_input(producer) is not None:
             producer = _shared_input(producer)
-        if depth > 0 and fusible(producer) and all(generated(r) for r in readers(producer)):
+        if depth > 0 and fusible(producer) and all(fuses_producers(r) for r in readers(producer)):
             leaves |= _leaf_reads(producer, depth - 1)
         else:
             leaves.add(producer)
@@ -143,6 +143,13 @@ def generated(node: fx.Node) -> bool:
     return torch.Tag.pointwise in tags or torch.Tag.reduction in tags or node.target in _CASTS or _factory(node)
 
 
+def fuses_producers(node: fx.Node) -> bool:
+    """Inductor can compute a pointwise producer inside ``node``'s kernel: ``node`` is
+    :func:`generated`, or an indexing op (``gather``, ``embedding``, ``index``) that inductor
+    lowers to a pointwise kernel loading its source through computed indices."""
+    return generated(node) or node.target in _INDEXING
+
+
 def _factory(node: fx.Node) -> bool:
     target = node.target
     return (isinstance(target, torch._ops.OpOverload) and target.namespace in ("aten", "prims")
@@ -150,6 +157,8 @@ def _factory(node: fx.Node) -> bool:
 
 
 _CASTS = (torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)
+_INDEXING = (torch.ops.aten.gather.default, torch.ops.aten.embedding.default, torch.ops.aten.index.Tensor,
+             torch.ops.aten._unsafe_index.Tensor)
 
 
 def simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs: int, fuse: bool = False) -> Timeline:

@@ -213,3 +213,36 @@ def test_plan_that_recomputes_to_save_bandwidth_trains_like_eager():
         return result.module
 
     assert_same_step(make, run_planned)
+
+
+class _Head(torch.nn.Module):
+    """A linear layer and a cross-entropy loss: the forward reads the log-softmax only in the
+    loss's gather of the targets' entries."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 512)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.lin(x), y)
+
+
+def test_a_value_read_only_by_a_gather_is_not_stored_and_recomputing_it_beats_saving_it():
+    from planner.bounds import runtime_optimal_plan
+    from planner.build import build_problem
+    from planner.tracing import capture
+
+    torch.manual_seed(0)
+    x, y = torch.randn(256, 32), torch.randint(0, 512, (256,))
+    est = RooflineEstimator(flops_per_second=1e30, bytes_per_second=1.0)  # seconds == bytes moved
+    joint = capture(_Head(), (x, y), codegen="inductor")
+    problem = build_problem(joint, est, fuse=True)
+    log_softmax = next(i for i, node in enumerate(joint.forward_nodes)  # the gather's source
+                       if any(r.target == torch.ops.aten.gather.default and r.args[0] is node for r in node.users))
+    # Inductor lowers the gather to a kernel that computes the log-softmax entries it loads, so
+    # the forward stores no log-softmax: saving it costs its write and its read in the backward.
+    nbytes = 256 * 512 * 4
+    assert problem.save_seconds[log_softmax] == 2 * nbytes
+    fast = runtime_optimal_plan(problem)
+    assert fast.recomputed[log_softmax] and not fast.saved[log_softmax]
+    assert fast.seconds < problem.save_seconds[log_softmax]
