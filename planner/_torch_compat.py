@@ -69,7 +69,10 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     """Compile a dynamo graph with inductor, using ``partition_fn`` to split the joint graph.
 
     Uses inductor's custom partitioner hook, so inductor's joint-graph passes run before the
-    planner sees the graph.
+    planner sees the graph. Inductor's reordering for peak memory is turned off: the emitted
+    order is part of the plan, and the planner's memory figures are for that order. (On an H100,
+    inductor's reordering raised the measured peak of a frugal GPT plan above the emitted
+    order's: 1.280 against 1.199 GiB, and 1.367 against 1.322 GiB at a budget of 0.05.)
     """
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
@@ -83,8 +86,11 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
             # The split depends on the plan, so no compiled artefact may be reused across plans.
             return None
 
-    with inductor_config.patch(custom_partitioner_fn=_Partitioner(), fx_graph_cache=False):
-        return compile_fx(gm, example_inputs)
+    patches = {"custom_partitioner_fn": _Partitioner(), "fx_graph_cache": False}
+    if hasattr(inductor_config, "reorder_for_peak_memory"):
+        patches["reorder_for_peak_memory"] = False
+    # config_patches, unlike a patch around the call, also covers a backward compiled lazily
+    return compile_fx(gm, example_inputs, config_patches=patches)
 
 
 def pytorch_knapsack_solvers() -> dict[str, Callable]:

@@ -34,3 +34,20 @@ def test_pytorch_knapsack_solvers_answer():
         value, saved, recomputed = solve(memory, runtimes, 0.8)
         assert sorted(saved + recomputed) == [0, 1, 2], name
         assert sum(memory[i] for i in saved) <= 0.8 + 1e-9, name
+
+
+def test_inductor_keeps_the_emitted_order_of_planned_graphs(monkeypatch):
+    import torch._inductor.memory as inductor_memory
+    from planner.models import GPTConfig, gpt_example
+
+    reordered = []
+    real = inductor_memory.reorder_for_peak_memory
+    monkeypatch.setattr(inductor_memory, "reorder_for_peak_memory", lambda nodes, *a, **k: reordered.append(len(nodes)) or real(nodes, *a, **k))
+    model, batch = gpt_example(GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64, batch=2))
+    compiled = torch.compile(model, backend=planner.backend(codegen="inductor", memory_budget=0.5))
+    compiled(*batch).backward()
+    assert not reordered
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):  # inductor on its own still reorders
+        torch.compile(model)(*batch).backward()
+    assert reordered
