@@ -12,7 +12,7 @@ from planner.errors import SolverError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver, relative_gap
 from solvers.graph_model import GraphModel
-from solvers.ilp import Answer, mincut_start, within_peak
+from solvers.ilp import Answer, heuristic_start, within_peak
 from solvers.peak_rows import Limit
 
 __all__ = ["CPSATSolver", "run_cpsat"]
@@ -22,7 +22,7 @@ OBJECTIVE_SCALE = 1e8
 
 
 class CPSATSolver(Solver):
-    """Constraint programming with clause learning (CP-SAT), started from the mincut plan.
+    """Constraint programming with clause learning (CP-SAT), started from the best heuristic plan.
 
     Same objective as ``ilp`` (recompute plus save seconds, memory as a tie-break), in integers:
     each variable's weight is rounded to 1e-8 of the costliest one's. ``gap`` is CP-SAT's
@@ -45,11 +45,11 @@ class CPSATSolver(Solver):
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
-        start = mincut_start(problem, budget_bytes, frugal, fast, deadline)
+        begin, start = heuristic_start(problem, budget_bytes, frugal, deadline)
         hint = (start.saved, start.recomputed)
         solution = within_peak(problem, budget_bytes, start, deadline,
                                lambda model, objective: self._run(model, objective, hint, deadline))
-        solution.stats["workers"] = self.workers
+        solution.stats.update(workers=self.workers, start=begin)
         return solution
 
     def _run(self, model: GraphModel, objective: np.ndarray, hint, deadline: float) -> Answer:

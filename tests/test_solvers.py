@@ -179,6 +179,16 @@ def test_time_limit_returns_a_plan_with_its_gap(name, options):
         assert decision.gap is not None and decision.gap >= 0.0
 
 
+@pytest.mark.parametrize("name,options", EXACT)
+def test_an_exact_solver_stopped_by_its_time_limit_is_no_slower_than_the_heuristics(name, options):
+    problem = random_problem(17, 1500)
+    budget = budget_in_range(problem, 0.02)
+    decision = get_solver(name, time_limit=0.1, **options).solve(problem, budget)
+    assert decision.stats["start"] in ("frugal", "mincut", "greedy")
+    for heuristic in ("mincut", "greedy"):
+        assert decision.seconds <= get_solver(heuristic).solve(problem, budget).seconds + 1e-12
+
+
 def test_unknown_ilp_backend_names_the_choices():
     with pytest.raises(ConfigError, match="ilp backend='gurobi' is not allowed; choose one of: highs, cbc"):
         get_solver("ilp", backend="gurobi")
