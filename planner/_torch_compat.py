@@ -20,6 +20,7 @@ __all__ = [
     "has_custom_partitioner_hook",
     "pytorch_knapsack_solvers",
     "mutated_primals",
+    "gpu_spin",
 ]
 
 
@@ -57,6 +58,12 @@ def run_and_save_rng_state() -> Any:
 def run_with_rng_state() -> Any:
     """Higher-order op running ``op(*args)`` with the RNG set to a saved state, then restoring it."""
     return torch._prims.rng_prims.run_with_rng_state
+
+
+def gpu_spin(cycles: int) -> None:
+    """Queue a kernel that keeps the current CUDA stream busy for about ``cycles`` GPU clock
+    cycles (``torch.cuda._sleep``): work the host queues behind it then runs back to back."""
+    torch.cuda._sleep(int(cycles))
 
 
 def has_custom_partitioner_hook() -> bool:

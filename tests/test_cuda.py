@@ -22,3 +22,14 @@ def test_gpt_on_cuda_with_inductor_trains_like_eager(budget):
     assert problem.rng_state_bytes == 16
     if budget == 0.0:
         assert be.graphs[0].decision.recompute_seconds > 0
+
+
+def test_gpu_spin_keeps_the_stream_busy():
+    from planner import _torch_compat
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    _torch_compat.gpu_spin(1_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    assert start.elapsed_time(end) > 0.1  # milliseconds: a million cycles at any clock under 10 GHz
