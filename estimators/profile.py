@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from estimators.base import Estimator
 from estimators.roofline import RooflineEstimator
 from estimators.timing import run_times
+from planner import _torch_compat
 from planner.memory import generated
 from planner.ops import aliased_input, first_tensor, is_getitem
 
@@ -215,6 +216,11 @@ def _real(fake: torch.Tensor) -> torch.Tensor:
 
 
 def _time_op(node: fx.Node, repeats: int, warmup: int) -> float:
+    with _torch_compat.real_tensors():  # inside torch.compile, ops on fake tensors run no kernels
+        return _time_real_op(node, repeats, warmup)
+
+
+def _time_real_op(node: fx.Node, repeats: int, warmup: int) -> float:
     def make(arg):
         val = _val(arg)
         return _real(val) if isinstance(val, torch.Tensor) else val

@@ -20,6 +20,7 @@ import torch.fx as fx
 from estimators.base import Estimator
 from estimators.flops import count_flops
 from estimators.timing import run_times
+from planner import _torch_compat
 from planner.errors import ConfigError
 from planner.memory import fusible, readers, stored_bytes
 from planner.ops import aliased_input, first_tensor, is_getitem, storage_bytes
@@ -176,8 +177,13 @@ def device_rates(device: torch.device, calibrate: bool = True) -> Rates:
 
 @lru_cache(maxsize=None)
 def measure_rates(device: str) -> Rates:
-    """Quick peaks of one device (about a second): best of a few timed runs of each probe."""
-    dev = torch.device(device)
+    """Quick peaks of one device (about a second): best of a few timed runs of each probe,
+    on real tensors even when called inside torch.compile."""
+    with _torch_compat.real_tensors():
+        return _measure_rates(torch.device(device))
+
+
+def _measure_rates(dev: torch.device) -> Rates:
     big = dev.type == "cuda"
     n = 8192 if big else 512
     half = _best(lambda a, b: a @ b, *(torch.randn(n, n, device=dev, dtype=torch.bfloat16) for _ in range(2)), dev)
@@ -186,7 +192,7 @@ def measure_rates(device: str) -> Rates:
     src, dst = torch.randn(numel, device=dev), torch.empty(numel, device=dev)
     copy = _best(lambda s, d: d.copy_(s), src, dst, dev)
     launch = _kernel_seconds(dev) if big else 0.0
-    return Rates(2 * n**3 / half, 2 * n**3 / single, 2 * src.nbytes / copy, launch, f"measured on {device}")
+    return Rates(2 * n**3 / half, 2 * n**3 / single, 2 * src.nbytes / copy, launch, f"measured on {dev}")
 
 
 def _kernel_seconds(dev: torch.device, kernels: int = 100) -> float:

@@ -21,6 +21,7 @@ __all__ = [
     "pytorch_knapsack_solvers",
     "mutated_primals",
     "gpu_spin",
+    "real_tensors",
 ]
 
 
@@ -58,6 +59,14 @@ def run_and_save_rng_state() -> Any:
 def run_with_rng_state() -> Any:
     """Higher-order op running ``op(*args)`` with the RNG set to a saved state, then restoring it."""
     return torch._prims.rng_prims.run_with_rng_state
+
+
+def real_tensors():
+    """A context in which tensors are real even inside torch.compile, whose partitioner (and
+    so the planner's estimators) runs under a FakeTensorMode: ops there run no kernels."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
 
 
 def gpu_spin(cycles: int) -> None:

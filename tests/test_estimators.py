@@ -246,3 +246,31 @@ def test_a_value_read_only_by_a_gather_is_not_stored_and_recomputing_it_beats_sa
     fast = runtime_optimal_plan(problem)
     assert fast.recomputed[log_softmax] and not fast.saved[log_softmax]
     assert fast.seconds < problem.save_seconds[log_softmax]
+
+
+def test_measurements_run_on_real_tensors_inside_torch_compiles_fake_mode(monkeypatch, tmp_path):
+    # The planner's estimators run inside torch.compile's partitioner, under a FakeTensorMode,
+    # where an op on tensors made there runs no kernel: timing it would time the dispatcher.
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    import estimators.profile as profile_module
+    import estimators.roofline as roofline_module
+    from estimators.timing import run_times
+
+    outputs = []
+
+    def spy(fn, device, repeats, warmup=1):
+        outputs.append(fn())
+        return run_times(fn, device, repeats, warmup)
+
+    monkeypatch.setattr(profile_module, "run_times", spy)
+    monkeypatch.setattr(roofline_module, "run_times", spy)
+    mm = _nodes(_chain, X, Y, W)["mm"]
+    with FakeTensorMode():
+        assert isinstance(torch.randn(2), FakeTensor)
+        est = ProfileEstimator(cache_dir=tmp_path, progress=False)
+        est.runtime(mm)
+        roofline_module.measure_rates.cache_clear()
+        roofline_module.measure_rates("cpu")
+    assert est.measured == 1 and len(outputs) == 4  # the product, then the three calibration probes
+    assert not any(isinstance(out, FakeTensor) for out in outputs)
