@@ -1,9 +1,9 @@
 """Timing one call on a device: CUDA events on a GPU, ``perf_counter`` on the CPU.
 
 On a GPU each timed call is queued behind a kernel that keeps the GPU busy for a few
-milliseconds, so the events time the call's kernels alone: without it, a kernel shorter than
-the host's time to launch it measures the host (on an H100 host, a 50 µs matrix product
-measured 220 µs and an embedding lookup 470 µs).
+milliseconds, so the events time the call's kernels alone, not the host's launch of them (which
+for a short kernel takes longer than the kernel). On an H100, five runs of an 8192x8192 bf16
+matrix product measured 1.384-1.389 ms behind the spin and 1.388-1.510 ms without it.
 """
 from __future__ import annotations
 

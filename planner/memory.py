@@ -8,9 +8,10 @@ Both follow the same rules, read from node metadata:
   at last use); inputs and parameters are held before the step and never counted;
 * forward outputs the caller keeps, and the gradients the backward returns, live to the end;
 * with ``fuse=True`` (inductor), a pointwise value read only by pointwise ops, reductions and
-  indexing ops (:func:`fuses_producers`) is computed inside their kernel and never stored, unless several kernels read it and it reads
-  more than ``REALIZE_READS`` stored inputs (inductor then stores it rather than recompute it
-  in each reader: its ``realize_reads_threshold``); a fused value's inputs are read when the
+  indexing ops (:func:`fuses_producers`) is computed inside their kernel and never stored,
+  unless several kernels read it and it reads more than ``REALIZE_READS`` stored inputs
+  (inductor then stores it rather than recompute it in each reader: its
+  ``realize_reads_threshold``); a fused value's inputs are read when the
   kernel computing it runs. :func:`simulate` also lets a fused kernel write its output into an
   input of the same size that it reads last (inductor's in-place reuse); the schedule does not,
   so its bound stays at or above the simulation there.

@@ -51,3 +51,12 @@ def test_inductor_keeps_the_emitted_order_of_planned_graphs(monkeypatch):
     with torch._inductor.config.patch(force_disable_caches=True):  # inductor on its own still reorders
         torch.compile(model)(*batch).backward()
     assert reordered
+
+
+def test_real_tensors_are_real_under_a_fake_tensor_mode():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    with FakeTensorMode():
+        assert isinstance(torch.ones(2), FakeTensor)
+        with _torch_compat.real_tensors():
+            assert not isinstance(torch.ones(2), FakeTensor)
