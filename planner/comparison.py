@@ -99,7 +99,7 @@ def plot_measured(rows: list[dict[str, Any]], path: str | Path, title: str = "Me
         mine = sorted((r for r in rows if curve_label(r) == key), key=lambda r: -(r.get("budget") or 0))  # budget order
         points = [(r["peak_activation_bytes"] / 2**30, r["step_ms"]) for r in mine]
         style = {"linestyle": "none", "marker": "s", "markersize": 8} if len(points) == 1 else {"marker": "o"}
-        if key.endswith("torch.compile's memory"):
+        if mine[0].get("matched") is not None:
             style = {"linestyle": "none", "marker": "D", "markersize": 6}  # answers to torch.compile's points
         if key == "torch.compile":
             style.update(color="black", linewidth=2)

@@ -42,7 +42,12 @@ def test_inductor_keeps_the_emitted_order_of_planned_graphs(monkeypatch):
 
     reordered = []
     real = inductor_memory.reorder_for_peak_memory
-    monkeypatch.setattr(inductor_memory, "reorder_for_peak_memory", lambda nodes, *a, **k: reordered.append(len(nodes)) or real(nodes, *a, **k))
+
+    def spy(nodes, *args, **kwargs):
+        reordered.append(len(nodes))
+        return real(nodes, *args, **kwargs)
+
+    monkeypatch.setattr(inductor_memory, "reorder_for_peak_memory", spy)
     model, batch = gpt_example(GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64, batch=2))
     compiled = torch.compile(model, backend=planner.backend(codegen="inductor", memory_budget=0.5))
     compiled(*batch).backward()
