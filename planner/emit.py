@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from planner import _torch_compat
 from planner.graph import JointGraph
-from planner.ops import first_tensor, is_random
+from planner.ops import first_tensor, is_getitem, is_random
 from planner.problem import Problem, evaluate_names
 
 __all__ = ["emit"]
@@ -100,6 +100,10 @@ def _insert_recomputation(joint: JointGraph, recomputed: set[fx.Node], replays: 
                     new = graph.create_node(node.op, node.target, args, kwargs)
             new.meta = dict(node.meta, partitioner_tag="is_backward", recomputed=True)
             copies[node] = new
+            if isinstance(node.meta.get("val"), (tuple, list)):  # a multi-output op: its outputs now
+                for user in node.users:
+                    if is_getitem(user):
+                        copy_of(user, before)
         return copies[node]
 
     backward = [n for n in graph.nodes if n in joint.backward_nodes or n.op == "output"]

@@ -77,12 +77,13 @@ def readers(node: fx.Node) -> list[fx.Node]:
     return found
 
 
-def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool) -> int:
-    """Bytes written to memory for ``node``'s own storage, given the nodes that read it."""
+def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool, stored: frozenset = frozenset()) -> int:
+    """Bytes written to memory for ``node``'s own storage, given the nodes that read it;
+    ``stored`` are values read from memory whatever they are (see :func:`_leaf_reads`)."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or _shared_input(node) is not None:
         return 0
-    if fuse and _inlined(node, reading):
+    if fuse and _inlined(node, reading, stored):
         return 0
     return storage_bytes(val)
 
@@ -90,7 +91,7 @@ def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool) -> int:
 REALIZE_READS = 4
 
 
-def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
+def kernel_steps(order: list[fx.Node], fuse: bool, stored: frozenset = frozenset()) -> dict[fx.Node, int]:
     """Index in ``order`` of the kernel that computes each node: its own, or for a value fused
     into its readers, the last of theirs (that is when its inputs are really read)."""
     where = {node: k for k, node in enumerate(order)}
@@ -100,27 +101,28 @@ def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
         val = node.meta.get("val")
         if fuse and isinstance(val, torch.Tensor) and _shared_input(node) is None:
             reading = readers(node)
-            if reading and all(r in steps for r in reading) and _inlined(node, reading):
+            if reading and all(r in steps for r in reading) and _inlined(node, reading, stored):
                 steps[node] = max(steps[r] for r in reading)
     return steps
 
 
-def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
+def _inlined(node: fx.Node, reading: list[fx.Node], stored: frozenset = frozenset()) -> bool:
     """Inductor computes ``node`` inside the kernels that read it (see the module docstring)."""
     if not (fusible(node) and reading and all(fuses_producers(r) for r in reading)):
         return False
-    return len(reading) == 1 or len(_leaf_reads(node, depth=8)) <= REALIZE_READS
+    return len(reading) == 1 or len(_leaf_reads(node, 8, stored)) <= REALIZE_READS
 
 
-def _leaf_reads(node: fx.Node, depth: int) -> set[fx.Node]:
-    """The stored inputs a fused pointwise expression reads, looking through inlined producers."""
+def _leaf_reads(node: fx.Node, depth: int, stored: frozenset) -> set[fx.Node]:
+    """The stored inputs a fused pointwise expression reads, looking through inlined producers
+    other than those in ``stored`` (the backward reads forward values as saved tensors)."""
     leaves: set[fx.Node] = set()
     for inp in node.all_input_nodes:
         producer = inp
         while _shared_input(producer) is not None:
             producer = _shared_input(producer)
-        if depth > 0 and fusible(producer) and all(fuses_producers(r) for r in readers(producer)):
-            leaves |= _leaf_reads(producer, depth - 1)
+        if depth > 0 and producer not in stored and fusible(producer) and all(fuses_producers(r) for r in readers(producer)):
+            leaves |= _leaf_reads(producer, depth - 1, stored)
         else:
             leaves.add(producer)
     return leaves
@@ -270,6 +272,8 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     owner = np.full(n, -1, dtype=np.int64)
     transient = np.zeros(n, dtype=np.int64)
     copy_bytes = np.zeros(n, dtype=np.int64)
+    fused = np.zeros(n, dtype=bool)
+    made_with = np.arange(n, dtype=np.int64)
     fwd_last = np.arange(n, dtype=np.int64)
     held = np.zeros(n, dtype=bool)
     fwd_kernel = kernel_steps([*nodes, joint.output_node], fuse)
@@ -281,11 +285,15 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         forward = [r for r in reading if r in index]
         held[i] = node in held_roots
         transient[i] = stored_bytes(node, forward + ([joint.output_node] if held[i] else []), fuse)
-        copy_bytes[i] = stored_bytes(node, [r for r in reading if r.op != "output"], fuse)
+        in_backward = [r for r in reading if r.op != "output"]
+        copy_bytes[i] = stored_bytes(node, in_backward, fuse)
+        fused[i] = fuse and isinstance(node.meta.get("val"), torch.Tensor) and _inlined(node, in_backward)
+        if is_getitem(node) and node.args[0] in index:
+            made_with[i] = index[node.args[0]]
         fwd_last[i] = n - 1 if held[i] else min(n - 1, max([i] + [fwd_kernel[r] for r in forward]))
     first_read = np.full(n, len(steps), dtype=np.int64)
     last_read = np.full(n, -1, dtype=np.int64)
-    bwd_kernel = kernel_steps(steps, fuse)
+    bwd_kernel = kernel_steps(steps, fuse, frozenset(nodes))
     for t, step in enumerate(steps):  # a copy is made before its first reader; read until its last kernel
         for inp in step.all_input_nodes:
             o = index.get(storage_root(inp))
@@ -297,13 +305,13 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         if o is not None:
             first_read[o] = min(first_read[o], len(steps) - 1)
             last_read[o] = len(steps) - 1
-    base = _backward_base(joint, steps, bwd_kernel, fuse) + sum(
+    base = _backward_base(joint, steps, bwd_kernel, fuse, frozenset(nodes)) + sum(
         storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held) if isinstance(nodes[i].meta.get("val"), torch.Tensor)
     )
-    return Schedule(owner, transient, copy_bytes, fwd_last, first_read, last_read, held, base, tuple(s.name for s in steps))
+    return Schedule(owner, transient, copy_bytes, fused, made_with, fwd_last, first_read, last_read, held, base, tuple(s.name for s in steps))
 
 
-def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: bool) -> np.ndarray:
+def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: bool, forward: frozenset) -> np.ndarray:
     """Bytes of the backward's own storages (tangents, temporaries, gradients) alive per step;
     ``kernel`` gives the step at which each node's inputs are really read."""
     step_of = {node: t for t, node in enumerate(steps)}
@@ -314,7 +322,7 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
         if storage_root(node) is not node:
             continue
         reading = readers(node)
-        size = _value_bytes(node.meta.get("val")) if node.op == "placeholder" else stored_bytes(node, reading, fuse)
+        size = _value_bytes(node.meta.get("val")) if node.op == "placeholder" else stored_bytes(node, reading, fuse, forward)
         if is_getitem(node) or not size:
             continue
         start = step_of.get(node, 0)

@@ -9,7 +9,10 @@ the backward steps in the order the emitter writes them. A plan's memory at each
   temporaries), saved storages still to be read, and recomputed copies already made and still
   to be read. A recomputed node is made just before its first reader (a backward step, or
   another copy), as :mod:`planner.emit` places it; the copies made for step t are counted as
-  alive together at t (an upper bound on the transient peak while they are made).
+  alive together at t (an upper bound on the transient peak while they are made). A copy that
+  is fused (computed inside the kernels that read it, never stored) reads its inputs in each of
+  those kernels, so its inputs stay alive until its last reader has run. The outputs of a
+  recomputed multi-output op are made together, with the op.
 
 RNG states of recomputed random ops are counted at every step. :func:`profile` computes the
 memory at every step for a plan; the exact solvers encode the same sums as linear rows, so a
@@ -37,6 +40,9 @@ class Schedule:
     transient : bytes node i occupies in the forward while it is read there, if not saved
         (0 for views, tuples, and values fused into the kernels that read them).
     copy_bytes : bytes of node i's recomputed copy in the backward (0 if fused or a view).
+    fused : node i's recomputed copy is computed inside the kernels that read it, not stored.
+    made_with : the node whose kernel makes node i's copy: i itself, or for an output of a
+        multi-output op (a getitem), the op, which cannot be saved.
     fwd_last : last forward node reading node i's storage (i itself if none; ``n-1`` for
         forward outputs).
     first_read, last_read : first and last backward step reading node i's storage directly
@@ -49,6 +55,8 @@ class Schedule:
     owner: np.ndarray
     transient: np.ndarray
     copy_bytes: np.ndarray
+    fused: np.ndarray
+    made_with: np.ndarray
     fwd_last: np.ndarray
     first_read: np.ndarray
     last_read: np.ndarray
@@ -70,6 +78,8 @@ class Schedule:
             owner=np.arange(n, dtype=np.int64),
             transient=zeros,
             copy_bytes=zeros,
+            fused=np.zeros(n, dtype=bool),
+            made_with=np.arange(n, dtype=np.int64),
             fwd_last=np.arange(n, dtype=np.int64),
             first_read=np.where(needed, 0, 1).astype(np.int64),
             last_read=np.where(needed, 0, -1).astype(np.int64),
@@ -80,7 +90,7 @@ class Schedule:
 
     def check(self, n: int) -> None:
         """Raise ValueError if the arrays do not fit a problem of ``n`` nodes."""
-        for name in ("owner", "transient", "copy_bytes", "fwd_last", "first_read", "last_read", "held"):
+        for name in ("owner", "transient", "copy_bytes", "fused", "made_with", "fwd_last", "first_read", "last_read", "held"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Schedule.{name} has {len(getattr(self, name))} rows, expected {n}")
         if len(self.step_names) != self.num_steps:
@@ -130,6 +140,7 @@ def profile(
     cons = consumers(inputs, s.owner)
     own = s.owner == np.arange(n)
     made = _made_at(s, cons, recomputed & own)
+    until = _read_until(s, cons, recomputed & own, made)
     fwd = np.zeros(n + 1, dtype=np.int64)
     bwd = np.zeros(steps + 1, dtype=np.int64)
     for e in np.flatnonzero(own):
@@ -140,7 +151,7 @@ def profile(
             fwd[s.fwd_last[e] + 1] -= s.transient[e]
         if not (saved[e] or recomputed[e]) or s.held[e]:
             continue
-        end = max([int(s.last_read[e])] + [made[w] for w in cons[e] if recomputed[w]])
+        end = max([int(s.last_read[e])] + [until[w] for w in cons[e] if recomputed[w]])
         if end < 0:
             continue
         size, start = (nbytes[e], 0) if saved[e] else (s.copy_bytes[e], made[e])
@@ -151,9 +162,24 @@ def profile(
 
 def _made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:
     """Backward step at which each recomputed node's copy is made: its first direct reader, or
-    the earliest copy that reads it, whichever comes first."""
+    the earliest copy that reads it, whichever comes first; an op's outputs with the op."""
     made: dict[int, int] = {}
     for e in np.flatnonzero(recomputed)[::-1]:
         e = int(e)
         made[e] = min([int(schedule.first_read[e])] + [made[w] for w in cons[e] if w in made])
+    for e in made:
+        made[e] = made.get(int(schedule.made_with[e]), made[e])
     return made
+
+
+def _read_until(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray, made: dict[int, int]) -> dict[int, int]:
+    """Last backward step at which each recomputed node's copy reads its inputs: the step it is
+    made at, or for a fused copy, the last kernel that computes it (its last reader's)."""
+    until: dict[int, int] = {}
+    for e in np.flatnonzero(recomputed)[::-1]:
+        e = int(e)
+        if not schedule.fused[e]:
+            until[e] = made[e]
+            continue
+        until[e] = max([int(schedule.last_read[e]), made[e]] + [until[w] for w in cons[e] if w in until])
+    return until

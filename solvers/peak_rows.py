@@ -57,6 +57,11 @@ class PeakRows:
             if self.own[e] and self.rvar[e] >= 0:
                 earliest[e] = min([int(s.first_read[e])] + [int(earliest[w]) for w in self.cons[e] if self.rvar[w] >= 0])
         self.earliest = earliest
+        # outputs of a multi-output op: made with the op
+        self.outputs = [(int(g), int(s.made_with[g])) for g in np.flatnonzero(self.own & (self.rvar >= 0))
+                        if s.made_with[g] != g]
+        if any(self.svar[op] >= 0 for _, op in self.outputs):
+            raise ValueError("Schedule.made_with names an op that can be saved; only a multi-output op's outputs are made with it")
         random = np.flatnonzero(problem.random & (self.rvar >= 0))
         self.rng_terms = [(int(self.rvar[i]), float(problem.rng_state_bytes)) for i in random]
 
@@ -100,17 +105,25 @@ class PeakRows:
             for w in readers:
                 build.add_row([col, w, r], [1.0, -1.0, -1.0], -1.0, np.inf)
             made[e] = int(col)
+        for g, op in self.outputs:  # made[g] = made[op] AND recomputed[g]
+            if op in made:
+                (col,) = build.add_vars(1, integral=False)
+                r = int(self.rvar[g])
+                build.add_row([col, made[op]], [1.0, -1.0], -np.inf, 0.0)
+                build.add_row([col, r], [1.0, -1.0], -np.inf, 0.0)
+                build.add_row([col, made[op], r], [1.0, -1.0, -1.0], -1.0, np.inf)
+                made[g] = int(col)
         cache[tau] = made
         return made
 
     def _backward(self, build: RowBuilder, t: int, made_now: dict, made_before: dict) -> tuple[float, list]:
         s, nbytes = self.schedule, self.problem.nbytes
         terms = list(self.rng_terms)
+        reading: dict[int, list] = {}
         for e in np.flatnonzero(self.own & ~s.held):
             e = int(e)
-            # copies of readers of e made at t or later: each keeps e alive at t
-            later = [(int(self.rvar[w]), made_before.get(w)) for w in self.cons[e]
-                     if self.rvar[w] >= 0 and made_before.get(w) != self.rvar[w]]
+            # copies of readers of e that read it at t or later: each keeps e alive at t
+            later = [c for w in self.cons[e] for c in self._reads_at(t, int(w), made_before, reading)]
             for present, size in ((self.svar[e], nbytes[e]), (made_now.get(e, -1), s.copy_bytes[e])):
                 if present < 0 or not size:
                     continue
@@ -118,14 +131,33 @@ class PeakRows:
                     terms.append((int(present), float(size)))
                 elif later:
                     (alive,) = build.add_vars(1, integral=False)
-                    for r_w, m_w in later:
-                        cols, vals = [alive, int(present), r_w], [1.0, -1.0, -1.0]
-                        if m_w is not None:
-                            cols.append(m_w)
-                            vals.append(1.0)
-                        build.add_row(cols, vals, -1.0, np.inf)
+                    for conj in later:  # alive >= present AND every factor of conj
+                        factors = [[(int(present), 1.0)], *conj]
+                        build.add_row([alive] + [c for f in factors for c, _ in f],
+                                      [1.0] + [-v for f in factors for _, v in f], 1.0 - len(factors), np.inf)
                     terms.append((int(alive), float(size)))
         return float(s.base[t]), terms
+
+    def _reads_at(self, t: int, w: int, made_before: dict, cache: dict) -> list:
+        """When w's copy reads its inputs at step t or later, as a disjunction of conjunctions
+        of 0/1 linear expressions (an empty list: never). A stored copy reads them once, when
+        it is made; a fused copy in every kernel that computes it, up to its last reader's."""
+        if w in cache:
+            return cache[w]
+        r = int(self.rvar[w])
+        found: list = []
+        if r < 0:
+            pass
+        elif not self.schedule.fused[w]:
+            m = made_before.get(w)  # made[w, t-1]: the copy is made at t or later
+            if m != r:
+                found = [[[(r, 1.0)] + ([(m, -1.0)] if m is not None else [])]]
+        elif self.schedule.last_read[w] >= t or made_before.get(w) is None:
+            found = [[[(r, 1.0)]]]
+        else:  # w is recomputed and one of its readers reads it at t or later
+            found = [[[(r, 1.0)], *conj] for u in self.cons[w] for conj in self._reads_at(t, int(u), made_before, cache)]
+        cache[w] = found
+        return found
 
 
 @dataclass(frozen=True)

@@ -40,18 +40,26 @@ def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False)
         input_ptr=np.array(ptr, dtype=np.int64),
         input_idx=np.array(idx, dtype=np.int64),
         rng_state_bytes=int(rng.integers(1, 20)),
-        schedule=_random_schedule(rng, nbytes, needed) if timed else None,
+        schedule=_random_schedule(rng, nbytes, needed, ptr, idx, saveable) if timed else None,
         save_seconds=np.where(saveable & (rng.random(n) < 0.7), rng.integers(0, 30, n) / 10.0, 0.0) if priced else None,
     )
 
 
-def _random_schedule(rng: np.random.Generator, nbytes: np.ndarray, needed: np.ndarray) -> Schedule:
+def _random_schedule(rng: np.random.Generator, nbytes: np.ndarray, needed: np.ndarray, ptr: list, idx: list,
+                     saveable: np.ndarray) -> Schedule:
     n, steps = len(nbytes), int(rng.integers(2, 7))
+    # a node whose one input cannot be saved is sometimes an output of it, as a getitem is of a
+    # multi-output op
+    made_with = np.array([idx[ptr[i]] if ptr[i + 1] - ptr[i] == 1 and not saveable[idx[ptr[i]]] and rng.random() < 0.5
+                          else i for i in range(n)])
     first = np.where(needed, rng.integers(0, steps, n), steps)
+    copy_bytes = np.where(rng.random(n) < 0.8, nbytes, 0).astype(np.int64)
     return Schedule(
         owner=np.arange(n, dtype=np.int64),
         transient=np.where(rng.random(n) < 0.7, nbytes, 0).astype(np.int64),
-        copy_bytes=np.where(rng.random(n) < 0.8, nbytes, 0).astype(np.int64),
+        copy_bytes=copy_bytes,
+        fused=(copy_bytes == 0) & (rng.random(n) < 0.7),
+        made_with=made_with.astype(np.int64),
         fwd_last=np.array([int(rng.integers(i, n)) for i in range(n)], dtype=np.int64),
         first_read=first.astype(np.int64),
         last_read=np.where(needed, np.maximum(first, rng.integers(0, steps, n)), -1).astype(np.int64),

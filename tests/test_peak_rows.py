@@ -1,0 +1,47 @@
+"""The exact solvers' memory rows say the same as the schedule's profile, plan by plan."""
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from planner.problem import memory_profile
+from solvers.graph_model import build_graph_model
+from solvers.peak_rows import Limit, PeakRows, memory_unit
+from tests.synthetic import all_plans, timed_problems
+
+
+def _least_memory_the_rows_allow(model, plan, peak_col: int, span: float) -> float:
+    """With the plan's binaries fixed, the least ``span * p`` the rows allow (the helper
+    variables are free in [0, 1], so this is the memory the rows count for the plan)."""
+    x = model.vector(plan.saved, plan.recomputed)
+    lower = np.where(model.integral, x, 0.0)
+    upper = np.where(model.integral, x, 1.0)
+    cost = np.zeros(model.num_vars)
+    cost[peak_col] = 1.0
+    result = milp(cost, constraints=LinearConstraint(model.rows, model.lower, model.upper),
+                  bounds=Bounds(lower, upper), integrality=np.zeros(model.num_vars))
+    assert result.success, result.message
+    return float(result.x[peak_col]) * span
+
+
+@settings(max_examples=25, deadline=None)
+@given(timed_problems)
+def test_memory_rows_equal_the_profile_at_every_step_for_every_plan(problem):
+    base, build = build_graph_model(problem)
+    rows, unit = PeakRows(problem, base), memory_unit(problem)
+    plans = list(itertools.islice(all_plans(problem), 12))
+    profiles = [memory_profile(problem, plan) for plan in plans]
+    span = 2.0 * max(p.peak for p in profiles) + 1.0  # room to show a count above the profile
+    steps = [("forward", f) for f in range(len(problem))]
+    steps += [("backward", t) for t in range(problem.schedule.num_steps)]
+    for phase, step in steps:
+        trial = build.copy()
+        (col,) = trial.add_vars(1, integral=False)
+        forward, backward = ([step], []) if phase == "forward" else ([], [step])
+        rows.add(trial, forward, backward, Limit(0.0, unit, int(col), span))
+        model = trial.freeze(base)
+        for plan, prof in zip(plans, profiles):
+            expected = getattr(prof, phase)[step]
+            assert _least_memory_the_rows_allow(model, plan, int(col), span) == pytest.approx(expected, abs=1e-3)
