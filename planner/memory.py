@@ -16,6 +16,15 @@ Both follow the same rules, read from node metadata:
   input of the same size that it reads last (inductor's in-place reuse); the schedule does not,
   so its bound stays at or above the simulation there.
 
+The schedule is built before the plan is known. Its backward fusion looks through a fusible
+forward value into that value's producers, as the emitted backward does when the value is
+recomputed. When the value is saved instead, the emitted backward reads it as a stored tensor,
+and a backward expression over it may be fused where the schedule stored it. Its inputs then
+stay alive a few kernels longer, against a temporary the schedule counted: on the test GPT,
+128 bytes under the simulation at some steps, never at the peak. Treating saved-or-recomputed
+forward values as stored tensors instead overcounts by the whole logits (256 MiB on the
+benchmark GPT), since the log-softmax is recomputed there.
+
 :func:`simulate` walks the emitted forward and backward modules; :func:`build_schedule` gives
 the torch-free :class:`~planner.schedule.Schedule` the solvers plan with.
 """
@@ -293,7 +302,7 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         fwd_last[i] = n - 1 if held[i] else min(n - 1, max([i] + [fwd_kernel[r] for r in forward]))
     first_read = np.full(n, len(steps), dtype=np.int64)
     last_read = np.full(n, -1, dtype=np.int64)
-    bwd_kernel = kernel_steps(steps, fuse, frozenset(nodes))
+    bwd_kernel = kernel_steps(steps, fuse)
     for t, step in enumerate(steps):  # a copy is made before its first reader; read until its last kernel
         for inp in step.all_input_nodes:
             o = index.get(storage_root(inp))
@@ -305,13 +314,13 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         if o is not None:
             first_read[o] = min(first_read[o], len(steps) - 1)
             last_read[o] = len(steps) - 1
-    base = _backward_base(joint, steps, bwd_kernel, fuse, frozenset(nodes)) + sum(
+    base = _backward_base(joint, steps, bwd_kernel, fuse) + sum(
         storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held) if isinstance(nodes[i].meta.get("val"), torch.Tensor)
     )
     return Schedule(owner, transient, copy_bytes, fused, made_with, fwd_last, first_read, last_read, held, base, tuple(s.name for s in steps))
 
 
-def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: bool, forward: frozenset) -> np.ndarray:
+def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: bool) -> np.ndarray:
     """Bytes of the backward's own storages (tangents, temporaries, gradients) alive per step;
     ``kernel`` gives the step at which each node's inputs are really read."""
     step_of = {node: t for t, node in enumerate(steps)}
@@ -322,7 +331,7 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
         if storage_root(node) is not node:
             continue
         reading = readers(node)
-        size = _value_bytes(node.meta.get("val")) if node.op == "placeholder" else stored_bytes(node, reading, fuse, forward)
+        size = _value_bytes(node.meta.get("val")) if node.op == "placeholder" else stored_bytes(node, reading, fuse)
         if is_getitem(node) or not size:
             continue
         start = step_of.get(node, 0)
