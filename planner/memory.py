@@ -314,18 +314,24 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         if o is not None:
             first_read[o] = min(first_read[o], len(steps) - 1)
             last_read[o] = len(steps) - 1
-    base = _backward_base(joint, steps, bwd_kernel, fuse) + sum(
-        storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held) if isinstance(nodes[i].meta.get("val"), torch.Tensor)
-    )
-    return Schedule(owner, transient, copy_bytes, fused, made_with, fwd_last, first_read, last_read, held, base, tuple(s.name for s in steps))
+    reuse = np.array([stored_bytes(step, readers(step), fuse) if fuse and generated(step) else 0 for step in steps],
+                     dtype=np.int64)
+    base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse)
+    base += sum(storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held)
+                if isinstance(nodes[i].meta.get("val"), torch.Tensor))
+    return Schedule(owner, transient, copy_bytes, fused, made_with, fwd_last, first_read, last_read, held, base,
+                    reuse, reuse_base, tuple(s.name for s in steps))
 
 
-def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: bool) -> np.ndarray:
-    """Bytes of the backward's own storages (tangents, temporaries, gradients) alive per step;
-    ``kernel`` gives the step at which each node's inputs are really read."""
+def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: bool,
+                   reuse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes of the backward's own storages (tangents, temporaries, gradients) alive per step,
+    and the steps whose output can be written into one of them (of size ``reuse[t]``, read last
+    at t); ``kernel`` gives the step at which each node's inputs are really read."""
     step_of = {node: t for t, node in enumerate(steps)}
     T = len(steps)
     delta = np.zeros(T + 1, dtype=np.int64)
+    reuse_base = np.zeros(T, dtype=bool)
     grads = {storage_root(o) for o in joint.bwd_outputs if isinstance(o, fx.Node)}
     for node in [*joint.tangents, *steps]:
         if storage_root(node) is not node:
@@ -338,6 +344,7 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
         end = T - 1 if node in grads else max([start] + [kernel[r] for r in reading if r in kernel])
         delta[start] += size
         delta[end + 1] -= size
+        reuse_base[end] |= node not in grads and start < end and reuse[end] == size
     for node in steps:  # multi-output ops: each output is allocated when the op runs
         val = node.meta.get("val")
         if isinstance(val, (tuple, list)):
@@ -348,4 +355,5 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
                     end = T - 1 if user in grads else max([step_of[node]] + [kernel[r] for r in readers(user) if r in kernel])
                     delta[step_of[node]] += size
                     delta[end + 1] -= size
-    return np.cumsum(delta)[:T]
+                    reuse_base[end] |= user not in grads and step_of[node] < end and reuse[end] == size
+    return np.cumsum(delta)[:T], reuse_base

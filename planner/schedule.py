@@ -12,7 +12,10 @@ the backward steps in the order the emitter writes them. A plan's memory at each
   alive together at t (an upper bound on the transient peak while they are made). A copy that
   is fused (computed inside the kernels that read it, never stored) reads its inputs in each of
   those kernels, so its inputs stay alive until its last reader has run. The outputs of a
-  recomputed multi-output op are made together, with the op.
+  recomputed multi-output op are made together, with the op. A backward kernel may write its
+  output into a storage of the same size that it reads last (inductor's in-place reuse): a
+  backward value, or a saved value or copy whose last reader it is; the output then adds
+  nothing at that step.
 
 RNG states of recomputed random ops are counted at every step. :func:`profile` computes the
 memory at every step for a plan; the exact solvers encode the same sums as linear rows, so a
@@ -49,6 +52,9 @@ class Schedule:
         (``T`` and -1 if none).
     held : node i is a forward output the caller keeps through the backward.
     base : bytes of backward values alive at each backward step, plus held forward outputs.
+    reuse : bytes of step t's output if its kernel may write it in place into a storage of the
+        same size that it reads last (0 if not).
+    reuse_base : a backward value (counted in ``base``) is such a storage at step t.
     step_names : the backward steps, in order.
     """
 
@@ -62,6 +68,8 @@ class Schedule:
     last_read: np.ndarray
     held: np.ndarray
     base: np.ndarray
+    reuse: np.ndarray
+    reuse_base: np.ndarray
     step_names: tuple[str, ...]
 
     @property
@@ -85,6 +93,8 @@ class Schedule:
             last_read=np.where(needed, 0, -1).astype(np.int64),
             held=np.zeros(n, dtype=bool),
             base=np.zeros(1, dtype=np.int64),
+            reuse=np.zeros(1, dtype=np.int64),
+            reuse_base=np.zeros(1, dtype=bool),
             step_names=("backward",),
         )
 
@@ -93,6 +103,9 @@ class Schedule:
         for name in ("owner", "transient", "copy_bytes", "fused", "made_with", "fwd_last", "first_read", "last_read", "held"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Schedule.{name} has {len(getattr(self, name))} rows, expected {n}")
+        for name in ("reuse", "reuse_base"):
+            if len(getattr(self, name)) != self.num_steps:
+                raise ValueError(f"Schedule.{name} must have one entry per backward step")
         if len(self.step_names) != self.num_steps:
             raise ValueError("Schedule.step_names must name every backward step")
 
@@ -143,6 +156,7 @@ def profile(
     until = _read_until(s, cons, recomputed & own, made)
     fwd = np.zeros(n + 1, dtype=np.int64)
     bwd = np.zeros(steps + 1, dtype=np.int64)
+    reused = s.reuse_base.copy()
     for e in np.flatnonzero(own):
         if saved[e]:
             fwd[e] += nbytes[e]
@@ -157,7 +171,10 @@ def profile(
         size, start = (nbytes[e], 0) if saved[e] else (s.copy_bytes[e], made[e])
         bwd[start] += size
         bwd[end + 1] -= size
-    return Profile(np.cumsum(fwd)[:n] + rng_bytes, np.cumsum(bwd)[:steps] + s.base + rng_bytes)
+        if end == s.last_read[e] and size and s.reuse[end] == size:
+            reused[end] = True  # read last by the kernel of step `end`, which writes into it
+    memory = np.cumsum(bwd)[:steps] + s.base + rng_bytes - np.where(reused, s.reuse, 0)
+    return Profile(np.cumsum(fwd)[:n] + rng_bytes, memory)
 
 
 def _made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:

@@ -60,7 +60,7 @@ def _memory_key(problem: Problem) -> str:
     s = problem.schedule
     for array in (problem.nbytes, problem.saveable, problem.recomputable, problem.random, problem.needed,
                   problem.input_ptr, problem.input_idx, s.owner, s.transient, s.copy_bytes, s.fused, s.made_with, s.fwd_last,
-                  s.first_read, s.last_read, s.held, s.base):
+                  s.first_read, s.last_read, s.held, s.base, s.reuse, s.reuse_base):
         h.update(np.ascontiguousarray(array).tobytes())
     h.update(str((problem.rng_state_bytes, problem.names)).encode())
     return h.hexdigest()

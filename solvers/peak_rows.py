@@ -62,6 +62,12 @@ class PeakRows:
                         if s.made_with[g] != g]
         if any(self.svar[op] >= 0 for _, op in self.outputs):
             raise ValueError("Schedule.made_with names an op that can be saved; only a multi-output op's outputs are made with it")
+        # values read last by a step whose output may be written into them (in-place reuse)
+        self.reusable: dict[int, list[int]] = {}
+        for e in np.flatnonzero(self.own & ~s.held & (s.last_read >= 0)):
+            t = int(s.last_read[e])
+            if s.reuse[t] and not s.reuse_base[t] and s.reuse[t] in (problem.nbytes[e], s.copy_bytes[e]):
+                self.reusable.setdefault(t, []).append(int(e))
         random = np.flatnonzero(problem.random & (self.rvar >= 0))
         self.rng_terms = [(int(self.rvar[i]), float(problem.rng_state_bytes)) for i in random]
 
@@ -136,7 +142,29 @@ class PeakRows:
                         build.add_row([alive] + [c for f in factors for c, _ in f],
                                       [1.0] + [-v for f in factors for _, v in f], 1.0 - len(factors), np.inf)
                     terms.append((int(alive), float(size)))
-        return float(s.base[t]), terms
+        return float(s.base[t]) - (float(s.reuse[t]) if s.reuse_base[t] else 0.0), terms + self._reuse(build, t, made_now)
+
+    def _reuse(self, build: RowBuilder, t: int, made_now: dict) -> list:
+        """``-reuse[t] * x`` for x in [0, 1] that is at most 1 when a saved value or copy of
+        that size is read last at step t (no copy reads it later), else 0."""
+        s, nbytes = self.schedule, self.problem.nbytes
+        ends, reading = [], {}
+        for e in self.reusable.get(t, []):
+            for present, size in ((self.svar[e], nbytes[e]), (made_now.get(e, -1), s.copy_bytes[e])):
+                if present < 0 or size != s.reuse[t]:
+                    continue
+                (end,) = build.add_vars(1, integral=False)
+                build.add_row([end, int(present)], [1.0, -1.0], -np.inf, 0.0)
+                for w in self.cons[e]:  # end <= 1 - AND(conj): no copy reads e after t
+                    for conj in self._reads_at(t + 1, int(w), made_now, reading):
+                        build.add_row([end] + [c for f in conj for c, _ in f], [1.0] + [v for f in conj for _, v in f],
+                                      -np.inf, float(len(conj)))
+                ends.append(int(end))
+        if not ends:
+            return []
+        (x,) = build.add_vars(1, integral=False)
+        build.add_row([x, *ends], [1.0] + [-1.0] * len(ends), -np.inf, 0.0)
+        return [(int(x), -float(s.reuse[t]))]
 
     def _reads_at(self, t: int, w: int, made_before: dict, cache: dict) -> list:
         """When w's copy reads its inputs at step t or later, as a disjunction of conjunctions

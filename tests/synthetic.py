@@ -54,6 +54,12 @@ def _random_schedule(rng: np.random.Generator, nbytes: np.ndarray, needed: np.nd
                           else i for i in range(n)])
     first = np.where(needed, rng.integers(0, steps, n), steps)
     copy_bytes = np.where(rng.random(n) < 0.8, nbytes, 0).astype(np.int64)
+    last_read = np.where(needed, np.maximum(first, rng.integers(0, steps, n)), -1).astype(np.int64)
+    base = rng.integers(0, 150, steps).astype(np.int64)
+    # a step's output may be written into a value it reads last, of the same size
+    read_last = [np.flatnonzero(last_read == t) for t in range(steps)]
+    reuse = np.array([nbytes[rng.choice(r)] if len(r) and rng.random() < 0.6 else 0 for r in read_last], dtype=np.int64)
+    reuse = np.minimum(reuse, base)  # the output is a backward value, counted in base
     return Schedule(
         owner=np.arange(n, dtype=np.int64),
         transient=np.where(rng.random(n) < 0.7, nbytes, 0).astype(np.int64),
@@ -62,9 +68,11 @@ def _random_schedule(rng: np.random.Generator, nbytes: np.ndarray, needed: np.nd
         made_with=made_with.astype(np.int64),
         fwd_last=np.array([int(rng.integers(i, n)) for i in range(n)], dtype=np.int64),
         first_read=first.astype(np.int64),
-        last_read=np.where(needed, np.maximum(first, rng.integers(0, steps, n)), -1).astype(np.int64),
+        last_read=last_read,
         held=np.zeros(n, dtype=bool),
-        base=rng.integers(0, 150, steps).astype(np.int64),
+        base=base,
+        reuse=reuse,
+        reuse_base=(reuse > 0) & (rng.random(steps) < 0.2),
         step_names=tuple(f"b{t}" for t in range(steps)),
     )
 
