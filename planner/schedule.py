@@ -100,7 +100,8 @@ class Schedule:
 
     def check(self, n: int) -> None:
         """Raise ValueError if the arrays do not fit a problem of ``n`` nodes."""
-        for name in ("owner", "transient", "copy_bytes", "fused", "made_with", "fwd_last", "first_read", "last_read", "held"):
+        for name in ("owner", "transient", "copy_bytes", "fused", "made_with", "fwd_last", "first_read", "last_read",
+                     "held"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Schedule.{name} has {len(getattr(self, name))} rows, expected {n}")
         for name in ("reuse", "reuse_base"):

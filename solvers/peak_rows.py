@@ -10,7 +10,10 @@ e exists by then::
 
 A saved node is alive at t while it is read at t or later, directly or by a copy not yet made
 before t (``recomputed[w] - made[w,t-1]``); a copy is alive at t if made by t and alive in the
-same sense. Forward rows need only the saved variables.
+same sense. A fused copy reads its inputs at every kernel up to its last reader's, so its
+readers' copies count too; a multi-output op's outputs are made with it; a step whose kernel
+may write its output into a value it reads last subtracts that output's bytes, through a
+variable at most 1 when such a value ends there. Forward rows need only the saved variables.
 
 :func:`solve_within_peak` adds rows lazily: solve with rows at a few steps, measure the plan
 at every step, add the steps over the limit, solve again. A row is exact at its step, so no
@@ -61,7 +64,8 @@ class PeakRows:
         self.outputs = [(int(g), int(s.made_with[g])) for g in np.flatnonzero(self.own & (self.rvar >= 0))
                         if s.made_with[g] != g]
         if any(self.svar[op] >= 0 for _, op in self.outputs):
-            raise ValueError("Schedule.made_with names an op that can be saved; only a multi-output op's outputs are made with it")
+            raise ValueError("Schedule.made_with names an op that can be saved; "
+                             "only a multi-output op's outputs are made with it")
         # values read last by a step whose output may be written into them (in-place reuse)
         self.reusable: dict[int, list[int]] = {}
         for e in np.flatnonzero(self.own & ~s.held & (s.last_read >= 0)):
