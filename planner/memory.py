@@ -12,9 +12,9 @@ Both follow the same rules, read from node metadata:
   unless several kernels read it and it reads more than ``REALIZE_READS`` stored inputs
   (inductor then stores it rather than recompute it in each reader: its
   ``realize_reads_threshold``); a fused value's inputs are read when the
-  kernel computing it runs. :func:`simulate` also lets a fused kernel write its output into an
-  input of the same size that it reads last (inductor's in-place reuse); the schedule does not,
-  so its bound stays at or above the simulation there.
+  kernel computing it runs. A fused kernel may write its output into an input of the same
+  size that it reads last (inductor's in-place reuse); the schedule counts this in the backward
+  only, so in the forward its bound stays at or above the simulation.
 
 The schedule is built before the plan is known. Its backward fusion looks through a fusible
 forward value into that value's producers, as the emitted backward does when the value is
@@ -86,13 +86,12 @@ def readers(node: fx.Node) -> list[fx.Node]:
     return found
 
 
-def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool, stored: frozenset = frozenset()) -> int:
-    """Bytes written to memory for ``node``'s own storage, given the nodes that read it;
-    ``stored`` are values read from memory whatever they are (see :func:`_leaf_reads`)."""
+def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool) -> int:
+    """Bytes written to memory for ``node``'s own storage, given the nodes that read it."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or _shared_input(node) is not None:
         return 0
-    if fuse and _inlined(node, reading, stored):
+    if fuse and _inlined(node, reading):
         return 0
     return storage_bytes(val)
 
@@ -100,7 +99,7 @@ def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool, stored: froz
 REALIZE_READS = 4
 
 
-def kernel_steps(order: list[fx.Node], fuse: bool, stored: frozenset = frozenset()) -> dict[fx.Node, int]:
+def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
     """Index in ``order`` of the kernel that computes each node: its own, or for a value fused
     into its readers, the last of theirs (that is when its inputs are really read)."""
     where = {node: k for k, node in enumerate(order)}
@@ -110,28 +109,27 @@ def kernel_steps(order: list[fx.Node], fuse: bool, stored: frozenset = frozenset
         val = node.meta.get("val")
         if fuse and isinstance(val, torch.Tensor) and _shared_input(node) is None:
             reading = readers(node)
-            if reading and all(r in steps for r in reading) and _inlined(node, reading, stored):
+            if reading and all(r in steps for r in reading) and _inlined(node, reading):
                 steps[node] = max(steps[r] for r in reading)
     return steps
 
 
-def _inlined(node: fx.Node, reading: list[fx.Node], stored: frozenset = frozenset()) -> bool:
+def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
     """Inductor computes ``node`` inside the kernels that read it (see the module docstring)."""
     if not (fusible(node) and reading and all(fuses_producers(r) for r in reading)):
         return False
-    return len(reading) == 1 or len(_leaf_reads(node, 8, stored)) <= REALIZE_READS
+    return len(reading) == 1 or len(_leaf_reads(node, depth=8)) <= REALIZE_READS
 
 
-def _leaf_reads(node: fx.Node, depth: int, stored: frozenset) -> set[fx.Node]:
-    """The stored inputs a fused pointwise expression reads, looking through inlined producers
-    other than those in ``stored`` (the backward reads forward values as saved tensors)."""
+def _leaf_reads(node: fx.Node, depth: int) -> set[fx.Node]:
+    """The stored inputs a fused pointwise expression reads, looking through inlined producers."""
     leaves: set[fx.Node] = set()
     for inp in node.all_input_nodes:
         producer = inp
         while _shared_input(producer) is not None:
             producer = _shared_input(producer)
-        if depth > 0 and producer not in stored and fusible(producer) and all(fuses_producers(r) for r in readers(producer)):
-            leaves |= _leaf_reads(producer, depth - 1, stored)
+        if depth > 0 and fusible(producer) and all(fuses_producers(r) for r in readers(producer)):
+            leaves |= _leaf_reads(producer, depth - 1)
         else:
             leaves.add(producer)
     return leaves
@@ -295,8 +293,8 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         held[i] = node in held_roots
         transient[i] = stored_bytes(node, forward + ([joint.output_node] if held[i] else []), fuse)
         in_backward = [r for r in reading if r.op != "output"]
-        copy_bytes[i] = stored_bytes(node, in_backward, fuse)
         fused[i] = fuse and isinstance(node.meta.get("val"), torch.Tensor) and _inlined(node, in_backward)
+        copy_bytes[i] = 0 if fused[i] else stored_bytes(node, in_backward, fuse=False)
         if is_getitem(node) and node.args[0] in index:
             made_with[i] = index[node.args[0]]
         fwd_last[i] = n - 1 if held[i] else min(n - 1, max([i] + [fwd_kernel[r] for r in forward]))

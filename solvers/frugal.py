@@ -8,7 +8,7 @@ least when it finishes within the time limit (``optimal``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 import hashlib
 import time
 from typing import Any
@@ -58,9 +58,9 @@ _FOUND: dict[str, FrugalPlan] = {}
 def _memory_key(problem: Problem) -> str:
     h = hashlib.sha256()
     s = problem.schedule
+    schedule = [getattr(s, f.name) for f in fields(s) if f.name != "step_names"]  # every array
     for array in (problem.nbytes, problem.saveable, problem.recomputable, problem.random, problem.needed,
-                  problem.input_ptr, problem.input_idx, s.owner, s.transient, s.copy_bytes, s.fused, s.made_with, s.fwd_last,
-                  s.first_read, s.last_read, s.held, s.base, s.reuse, s.reuse_base):
+                  problem.input_ptr, problem.input_idx, *schedule):
         h.update(np.ascontiguousarray(array).tobytes())
     h.update(str((problem.rng_state_bytes, problem.names)).encode())
     return h.hexdigest()
