@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import linecache
 
 import torch
 
@@ -36,6 +37,7 @@ def trace_step(run, params, batch) -> list[dict]:
 
 
 def alive_at_peak(events: list[dict]) -> tuple[int, list[dict]]:
+    """The traced peak and the blocks alive there, in allocation order (the last one set the peak)."""
     alive, total, peak, at_peak = {}, 0, 0, []
     for e in events:
         if e["action"] == "alloc":
@@ -54,6 +56,14 @@ def where(event: dict) -> str:
     return " < ".join(f"{f.get('name')}:{f.get('line')}" for f in frames[:3])
 
 
+def source(event: dict) -> str:
+    """The line of generated (or user) code that allocated the block, when it can be read."""
+    for f in event.get("frames", []):
+        if f.get("filename", "").endswith(".py") and "torch/" not in f["filename"]:
+            return linecache.getline(f["filename"], f.get("line", 0)).strip()[:110]
+    return ""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="gpt")
@@ -70,8 +80,16 @@ def main(argv: list[str] | None = None) -> None:
     peak, blocks = alive_at_peak(events)
     print(f"traced peak of blocks allocated in the step: {peak / MIB:.1f} MiB; simulated: "
           f"{backend.timelines[0].peak / MIB:.1f} MiB at {backend.timelines[0].peak_step}")
+    forward = [s for s in backend.timelines[0].steps if s[0] == "forward"]
+    if forward:
+        top = max(forward, key=lambda s: s[2])
+        print(f"simulated forward peak: {top[2] / MIB:.1f} MiB at {top[1]}")
+        for phase, name, nbytes in forward[: args.top]:
+            print(f"    {phase} {name:40s} {nbytes / MIB:9.1f} MiB")
+    if blocks:
+        print(f"set by {blocks[-1]['size'] / MIB:.1f} MiB at {where(blocks[-1])}: {source(blocks[-1])}")
     for e in sorted(blocks, key=lambda e: -e["size"])[: args.top]:
-        print(f"{e['size'] / MIB:9.1f} MiB  {where(e)}")
+        print(f"{e['size'] / MIB:9.1f} MiB  {where(e)}  | {source(e)}")
 
 
 if __name__ == "__main__":

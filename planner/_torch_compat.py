@@ -17,6 +17,7 @@ __all__ = [
     "run_and_save_rng_state",
     "run_with_rng_state",
     "inductor_compile",
+    "inductor_layout_opt",
     "has_custom_partitioner_hook",
     "pytorch_knapsack_solvers",
     "mutated_primals",
@@ -107,6 +108,18 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
         patches["reorder_for_peak_memory"] = False
     # config_patches, unlike a patch around the call, also covers a backward compiled lazily
     return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
+    """Whether inductor lays out a training forward graph of ``nodes`` channels-last (its layout
+    optimisation, decided by ``GraphLowering.decide_layout_opt``, which reads only the graph's
+    nodes): it then copies every 4-D input and weight of a convolution to channels-last."""
+    from types import SimpleNamespace
+
+    from torch._inductor.graph import GraphLowering
+
+    module = SimpleNamespace(graph=SimpleNamespace(nodes=list(nodes)))
+    return bool(GraphLowering.decide_layout_opt(module, is_inference=False))
 
 
 def pytorch_knapsack_solvers() -> dict[str, Callable]:

@@ -14,7 +14,12 @@ Both follow the same rules, read from node metadata:
   ``realize_reads_threshold``); a fused value's inputs are read when the
   kernel computing it runs. A fused kernel may write its output into an input of the same
   size that it reads last (inductor's in-place reuse); the schedule counts this in the backward
-  only, so in the forward its bound stays at or above the simulation.
+  only, so in the forward its bound stays at or above the simulation;
+* with ``fuse=True``, when inductor lays the forward out channels-last (its layout optimisation,
+  on for most convolutional networks), every 4-D input or weight of a convolution that is a
+  graph input not already channels-last is copied before the forward runs
+  (:func:`layout_copies`); the copy replaces the input for all its readers, so it is freed
+  after its last reader, in the backward if the input is saved.
 
 The schedule is built before the plan is known. Its backward fusion looks through a fusible
 forward value into that value's producers, as the emitted backward does when the value is
@@ -40,7 +45,7 @@ from planner.graph import JointGraph
 from planner.ops import aliased_input, is_getitem, storage_bytes, written_input
 from planner.schedule import Schedule
 
-__all__ = ["Timeline", "simulate", "build_schedule", "storage_root"]
+__all__ = ["Timeline", "simulate", "build_schedule", "storage_root", "layout_copies"]
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,26 @@ _INDEXING = (torch.ops.aten.gather.default, torch.ops.aten.embedding.default, to
              torch.ops.aten._unsafe_index.Tensor)
 
 
+def layout_copies(nodes: list[fx.Node]) -> dict[fx.Node, int]:
+    """Graph inputs that inductor copies to channels-last before a training forward of ``nodes``
+    (placeholders and ops) runs, with the copies' bytes: the 4-D inputs and weights of its
+    convolutions that are not channels-last already, when its layout optimisation is on."""
+    convs = [n for n in nodes if n.target is torch.ops.aten.convolution.default]
+    if not convs:
+        return {}
+    from planner._torch_compat import inductor_layout_opt
+
+    if not inductor_layout_opt(nodes):
+        return {}
+    copies: dict[fx.Node, int] = {}
+    for conv in convs:
+        for arg in conv.args[:2]:
+            val = arg.meta.get("val") if isinstance(arg, fx.Node) and arg.op == "placeholder" else None
+            if isinstance(val, torch.Tensor) and val.dim() == 4 and not val.is_contiguous(memory_format=torch.channels_last):
+                copies[arg] = storage_bytes(val)
+    return copies
+
+
 def simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs: int, fuse: bool = False) -> Timeline:
     """Walk the emitted modules in execution order and count the bytes alive after each node.
 
@@ -202,10 +227,12 @@ class _Walk:
         self.live: set[object] = set()
         self.keys: dict[fx.Node, tuple] = {}
         self.steps: list[tuple[str, str, int]] = []
+        self.copies: dict[fx.Node, int] = {}
 
     def run(self, gm: fx.GraphModule, phase: str, keep: list, carried: dict | None = None, held: set = frozenset()):
         carried = carried or {}
         nodes = [n for n in gm.graph.nodes if n.op != "output"]
+        self.copies = layout_copies(nodes) if self.fuse and phase == "forward" else {}
         keys: dict[fx.Node, tuple] = {}
         made: dict[fx.Node, tuple] = {}
         for node in nodes:
@@ -240,6 +267,8 @@ class _Walk:
         if node in carried:
             return tuple(carried[node]), ()
         if node.op == "placeholder":
+            if node in self.copies:
+                return self._new((phase, node.name), self.copies[node])  # its channels-last copy
             if phase == "forward":
                 return (), ()  # an input or parameter, held before the step
             return self._new((phase, node.name), _value_bytes(node.meta.get("val")))  # a tangent
@@ -317,8 +346,35 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse)
     base += sum(storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held)
                 if isinstance(nodes[i].meta.get("val"), torch.Tensor))
+    fwd_base = np.zeros(n, dtype=np.int64)
+    copies = layout_copies([*joint.primals, *nodes]) if fuse else {}
+    if copies:
+        until = _latest_reads(nodes, index, first_read, last_read, fused, len(steps))
+        for primal, size in copies.items():
+            forward = [r for r in readers(primal) if r in index]
+            # read in the backward directly, or by a recomputed copy of a forward reader
+            end = max([-1] + [bwd_kernel[r] for r in readers(primal) if r in bwd_kernel]
+                      + [until[index[r]] for r in forward])
+            fwd_end = n - 1 if end >= 0 else max([0] + [fwd_kernel[r] for r in forward])
+            fwd_base[: fwd_end + 1] += size
+            base[: end + 1] += size
     return Schedule(owner, transient, copy_bytes, fused, made_with, fwd_last, first_read, last_read, held, base,
-                    reuse, reuse_base, tuple(s.name for s in steps))
+                    reuse, reuse_base, tuple(s.name for s in steps), fwd_base=fwd_base)
+
+
+def _latest_reads(nodes: list[fx.Node], index: dict, first_read: np.ndarray, last_read: np.ndarray,
+                  fused: np.ndarray, T: int) -> np.ndarray:
+    """Per forward node, the last backward step at which a recomputed copy of it can read its
+    inputs under any plan (-1 if it has none): a copy is made by its first direct reader, or else
+    by the latest copy reading it; a fused copy reads them up to its last reader's kernel
+    (``first_read`` is ``T`` for a node no backward step reads)."""
+    made = np.full(len(nodes), -1, dtype=np.int64)
+    until = np.full(len(nodes), -1, dtype=np.int64)
+    for i in range(len(nodes) - 1, -1, -1):
+        later = [index[r] for r in readers(nodes[i]) if r in index]
+        made[i] = first_read[i] if first_read[i] < T else max([-1] + [made[j] for j in later])
+        until[i] = max([made[i], last_read[i]] + [until[j] for j in later]) if fused[i] else made[i]
+    return until
 
 
 def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: bool,

@@ -4,7 +4,8 @@ Time runs over the forward nodes in order (step ``f`` is forward node ``f`` runn
 the backward steps in the order the emitter writes them. A plan's memory at each step is:
 
 * forward step f: every storage computed so far that is still read in the forward, or saved,
-  or a forward output the caller keeps;
+  or a forward output the caller keeps, and the storages no plan changes (``fwd_base[f]``:
+  copies the compiler makes of inputs);
 * backward step t: the backward's own values alive at t (``base[t]``: gradients, tangents,
   temporaries), saved storages still to be read, and recomputed copies already made and still
   to be read. A recomputed node is made just before its first reader (a backward step, or
@@ -56,6 +57,8 @@ class Schedule:
         same size that it reads last (0 if not).
     reuse_base : a backward value (counted in ``base``) is such a storage at step t.
     step_names : the backward steps, in order.
+    fwd_base : bytes alive at each forward step whatever the plan (copies of inputs that the
+        compiler makes before the forward; they are counted in ``base`` while read there).
     """
 
     owner: np.ndarray
@@ -71,6 +74,7 @@ class Schedule:
     reuse: np.ndarray
     reuse_base: np.ndarray
     step_names: tuple[str, ...]
+    fwd_base: np.ndarray
 
     @property
     def num_steps(self) -> int:
@@ -96,12 +100,13 @@ class Schedule:
             reuse=np.zeros(1, dtype=np.int64),
             reuse_base=np.zeros(1, dtype=bool),
             step_names=("backward",),
+            fwd_base=zeros,
         )
 
     def check(self, n: int) -> None:
         """Raise ValueError if the arrays do not fit a problem of ``n`` nodes."""
         for name in ("owner", "transient", "copy_bytes", "fused", "made_with", "fwd_last", "first_read", "last_read",
-                     "held"):
+                     "held", "fwd_base"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Schedule.{name} has {len(getattr(self, name))} rows, expected {n}")
         for name in ("reuse", "reuse_base"):
@@ -175,7 +180,7 @@ def profile(
         if end == s.last_read[e] and size and s.reuse[end] == size:
             reused[end] = True  # read last by the kernel of step `end`, which writes into it
     memory = np.cumsum(bwd)[:steps] + s.base + rng_bytes - np.where(reused, s.reuse, 0)
-    return Profile(np.cumsum(fwd)[:n] + rng_bytes, memory)
+    return Profile(np.cumsum(fwd)[:n] + s.fwd_base + rng_bytes, memory)
 
 
 def _made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:

@@ -40,7 +40,8 @@ def memory_unit(problem: Problem) -> float:
     """Bytes per unit of the memory rows: a power of two (so scaling is exact) that keeps the
     rows' values under about 2**20, where the back ends' absolute tolerances are far below a byte."""
     s = problem.schedule
-    total = int(problem.nbytes.sum() + s.transient.sum() + s.copy_bytes.sum() + s.base.max(initial=0)) + 1
+    total = int(problem.nbytes.sum() + s.transient.sum() + s.copy_bytes.sum()
+                + max(s.base.max(initial=0), s.fwd_base.max(initial=0))) + 1
     return float(2 ** max(0, total.bit_length() - 21))
 
 
@@ -87,7 +88,7 @@ class PeakRows:
 
     def _forward(self, f: int) -> tuple[float, list]:
         s, nbytes = self.schedule, self.problem.nbytes
-        const, terms = 0.0, list(self.rng_terms)
+        const, terms = float(s.fwd_base[f]), list(self.rng_terms)
         for e in np.flatnonzero(self.own[: f + 1]):
             live = s.fwd_last[e] >= f
             if live:

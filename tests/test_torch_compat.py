@@ -65,3 +65,26 @@ def test_real_tensors_are_real_under_a_fake_tensor_mode():
         assert isinstance(torch.ones(2), FakeTensor)
         with _torch_compat.real_tensors():
             assert not isinstance(torch.ones(2), FakeTensor)
+
+
+def test_inductor_layout_opt_agrees_with_inductor_on_the_planned_forward(monkeypatch):
+    from torch._inductor.graph import GraphLowering
+
+    decided = []
+    real = GraphLowering.decide_layout_opt
+
+    def spy(gm, *, is_inference):
+        answer = real(gm, is_inference=is_inference)
+        decided.append((list(gm.graph.nodes), answer))
+        return answer
+
+    monkeypatch.setattr(GraphLowering, "decide_layout_opt", staticmethod(spy))
+    model, inputs = MODELS["cnn"]()
+    torch.compile(model, backend=planner.backend(codegen="inductor", memory_budget=1.0, solver="greedy"))(*inputs).backward()
+    nodes, answer = decided[0]  # the forward
+    assert any(n.target is torch.ops.aten.convolution.default for n in nodes)
+    assert answer  # mkldnn convolutions on the CPU; on a GPU, its channels-last heuristics
+    assert _torch_compat.inductor_layout_opt(nodes) == answer
+    # the forward of a model without convolutions is never laid out channels-last
+    gpt_nodes = planner.capture(*MODELS["gpt"]()).forward_nodes
+    assert not _torch_compat.inductor_layout_opt(gpt_nodes)
