@@ -7,7 +7,7 @@ import torch.fx as fx
 
 from estimators.base import Estimator
 from planner.graph import JointGraph
-from planner.memory import build_schedule
+from planner.memory import build_schedule, constant_inlined
 from planner.ops import aliased_input, first_tensor, is_getitem, is_random, side_effect, storage_bytes
 from planner.problem import Problem
 
@@ -20,7 +20,10 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False) -
     """One row per forward-region node: bytes, runtime, what may be done with it, and when
     each value is alive (its :class:`~planner.schedule.Schedule`; ``fuse`` for inductor).
 
-    Views and getitems cost nothing to recompute and are never saved (their base is); random ops
+    Views and getitems cost nothing to recompute and are never saved (their base is), nor, with
+    ``fuse``, is a constant (``iota``, ``full``...) that inductor computes inside every kernel
+    reading it: saving it would only add loads to those kernels (and can make inductor store a
+    large intermediate they share, see :mod:`planner.memory`). Random ops
     are recomputable by replaying their saved RNG state; side-effecting ops (mutations,
     collectives, opaque calls) and symbolic sizes are never recomputed.
     """
@@ -41,7 +44,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False) -
         val = node.meta.get("val")
         view = aliased_input(node) is not None
         if isinstance(val, torch.Tensor) and not view:
-            saveable[i], nbytes[i] = True, storage_bytes(val)
+            saveable[i], nbytes[i] = not (fuse and constant_inlined(node)), storage_bytes(val)
         reason = _never_recompute(node, val, joint.mutated_primals)
         if reason is None:
             recomputable[i] = True

@@ -7,7 +7,7 @@ Both follow the same rules, read from node metadata:
 * a storage is freed right after its last reader (inductor and fx code both drop references
   at last use); inputs and parameters are held before the step and never counted;
 * forward outputs the caller keeps, and the gradients the backward returns, live to the end;
-* with ``fuse=True`` (inductor), a pointwise value read only by pointwise ops, reductions and
+* with ``fuse=True`` (inductor), a pointwise value (a cast, a constant such as ``iota`` or ``full``) read only by pointwise ops, reductions and
   indexing ops (:func:`fuses_producers`) is computed inside their kernel and never stored,
   unless several kernels read it and it reads more than ``REALIZE_READS`` stored inputs
   (inductor then stores it rather than recompute it in each reader: its
@@ -45,7 +45,7 @@ from planner.graph import JointGraph
 from planner.ops import aliased_input, is_getitem, storage_bytes, written_input
 from planner.schedule import Schedule
 
-__all__ = ["Timeline", "simulate", "build_schedule", "storage_root", "layout_copies"]
+__all__ = ["Timeline", "simulate", "build_schedule", "storage_root", "layout_copies", "constant_inlined"]
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,15 @@ def _tags(node: fx.Node) -> list:
 
 
 def fusible(node: fx.Node) -> bool:
-    """A pointwise op or a cast: inductor generates its code inside fused kernels."""
-    return torch.Tag.pointwise in _tags(node) or node.target in _CASTS
+    """A pointwise op, a cast, or a constant factory (``iota``, ``full``, ``scalar_tensor``...):
+    inductor generates its code inside fused kernels (a constant reads no memory there)."""
+    return torch.Tag.pointwise in _tags(node) or node.target in _CASTS or node.target in _CONSTANTS
+
+
+def constant_inlined(node: fx.Node) -> bool:
+    """A constant (``iota``, ``full``, ``scalar_tensor``...) that inductor computes inside every
+    kernel reading it, forward and backward, so it is never stored."""
+    return node.target in _CONSTANTS and _inlined(node, readers(node))
 
 
 def generated(node: fx.Node) -> bool:
@@ -172,6 +179,9 @@ def _factory(node: fx.Node) -> bool:
 
 
 _CASTS = (torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)
+_CONSTANTS = (torch.ops.prims.iota.default, torch.ops.aten.scalar_tensor.default, torch.ops.aten.full.default,
+              torch.ops.aten.zeros.default, torch.ops.aten.ones.default, torch.ops.aten.arange.default,
+              torch.ops.aten.arange.start, torch.ops.aten.arange.start_step)
 _INDEXING = (torch.ops.aten.gather.default, torch.ops.aten.embedding.default, torch.ops.aten.index.Tensor,
              torch.ops.aten._unsafe_index.Tensor)
 

@@ -111,7 +111,8 @@ def _bound_and_simulated(name, fraction, codegen):
     problem = build_problem(joint, get_estimator("flops"), fuse=fuse)
     decision = get_solver("cpsat").solve(problem, planner.Budget(fraction=fraction).resolve(problem))
     forward, backward = emit(joint, problem, decision.saved)
-    recomputes = evaluate_names(problem, decision.saved).recompute_seconds > 0
+    plan = evaluate_names(problem, decision.saved)
+    recomputes = bool((plan.recomputed & problem.saveable).any())  # views and inlined constants cost nothing
     return decision.peak_bytes, simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse).peak, recomputes
 
 
@@ -162,3 +163,30 @@ def test_simulated_peak_never_rises_as_the_budget_falls():
         result.module(*inputs).backward()
         peaks.append(result.timeline.peak)
     assert peaks == sorted(peaks, reverse=True) and peaks[0] > peaks[-1]
+
+
+def _shared_expression(a, b, c, d, two, steps):
+    x = (a + b + c + d) * two + steps  # one pointwise expression, read by two kernels
+    return x.sum(), (x * 2).amax()
+
+
+def test_inductor_stores_a_shared_expression_only_when_it_loads_many_inputs():
+    from planner.memory import readers, stored_bytes
+
+    a, b, c, d = (torch.randn(64) for _ in range(4))
+
+    def constants_inside(a, b, c, d):  # full and arange are computed in the kernels: no loads
+        return _shared_expression(a, b, c, d, torch.full((64,), 2.0), torch.arange(64))
+
+    for gm, stored in ((_traced(constants_inside, a, b, c, d), False),
+                       (_traced(_shared_expression, a, b, c, d, torch.full((64,), 2.0), torch.arange(64)), True)):
+        x = next(n for n in gm.graph.nodes if n.op == "call_function" and len(n.users) == 2)
+        assert (stored_bytes(x, readers(x), fuse=True) > 0) == stored, gm.code
+
+
+def test_inductor_constants_are_recomputed_not_saved():
+    model, inputs = MODELS["gpt"]()
+    problem = build_problem(planner.capture(model, inputs, codegen="inductor"), get_estimator("flops"), fuse=True)
+    constants = [i for i, t in enumerate(problem.targets) if t.startswith(("prims.iota", "aten.full", "aten.scalar_tensor"))]
+    assert constants and not problem.saveable[constants].any()
+    assert not runtime_optimal_plan(problem).saved[constants].any()
