@@ -88,3 +88,23 @@ def test_inductor_layout_opt_agrees_with_inductor_on_the_planned_forward(monkeyp
     # the forward of a model without convolutions is never laid out channels-last
     gpt_nodes = planner.capture(*MODELS["gpt"]()).forward_nodes
     assert not _torch_compat.inductor_layout_opt(gpt_nodes)
+
+
+def test_planned_graphs_free_buffers_at_last_use(monkeypatch):
+    from torch._inductor.codegen import wrapper
+
+    pooled = []
+    real = wrapper.MemoryPlanningState.push
+
+    def spy(self, key, item):
+        pooled.append(key)
+        return real(self, key, item)
+
+    monkeypatch.setattr(wrapper.MemoryPlanningState, "push", spy)
+    model, inputs = MODELS["gpt"]()
+    torch.compile(model, backend=planner.backend(codegen="inductor", memory_budget=0.0, solver="greedy"))(*inputs).backward()
+    assert not pooled  # no dead buffer waits in inductor's pool for a later one of its size
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):  # inductor on its own pools them
+        torch.compile(model)(*inputs).backward()
+    assert pooled
