@@ -238,6 +238,7 @@ class _Walk:
         self.keys: dict[fx.Node, tuple] = {}
         self.steps: list[tuple[str, str, int]] = []
         self.copies: dict[fx.Node, int] = {}
+        self.paths: dict[fx.Node, dict[tuple, object]] = {}  # tuple-valued nodes: index path -> storage
 
     def run(self, gm: fx.GraphModule, phase: str, keep: list, carried: dict | None = None, held: set = frozenset()):
         carried = carried or {}
@@ -287,13 +288,18 @@ class _Walk:
         base = _shared_input(node)
         if base is not None:
             return keys.get(base, ()), ()
-        if is_getitem(node):
-            parent, index = keys.get(node.args[0], ()), node.args[1]
-            return ((parent[index],) if isinstance(index, int) and index < len(parent) else ()), ()
+        if is_getitem(node):  # one output of a multi-output op, or a tuple of them (nested)
+            index = node.args[1]
+            inner = {path[1:]: key for path, key in self.paths.get(node.args[0], {}).items() if path[0] == index}
+            if () in inner:
+                return (inner[()],), ()
+            self.paths[node] = inner
+            return tuple(inner.values()), ()
         val = node.meta.get("val")
-        if isinstance(val, (tuple, list)):
-            pairs = [self._new((phase, node.name, i), _value_bytes(item)) for i, item in enumerate(val)]
-            new = tuple(key for own, _ in pairs for key in own)
+        if isinstance(val, (tuple, list)):  # one storage per tensor output, outputs nested in tuples too
+            self.paths[node] = {path: self._new((phase, node.name, *path), _value_bytes(item))[0][0]
+                                for path, item in _leaves(val)}
+            new = tuple(self.paths[node].values())
             return new, new
         if not isinstance(val, torch.Tensor):
             return (), ()
@@ -302,6 +308,13 @@ class _Walk:
     def _new(self, key: tuple, size: int) -> tuple[tuple, tuple]:
         self.size[key] = size
         return (key,), (key,)
+
+
+def _leaves(val: object, path: tuple = ()) -> list[tuple[tuple, object]]:
+    """The non-tuple items of a (nested) tuple value, with their index paths."""
+    if isinstance(val, (tuple, list)):
+        return [leaf for i, item in enumerate(val) for leaf in _leaves(item, (*path, i))]
+    return [(path, val)]
 
 
 def _value_bytes(val: object) -> int:

@@ -61,8 +61,9 @@ def _real_count(gm: fx.GraphModule, args: list, phase: str, held_ptrs: dict, kee
             outputs = [env[o] for o in node.args[0] if isinstance(o, fx.Node)]
 
     def ptrs(value):
-        items = value if isinstance(value, (tuple, list)) else [value]
-        return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in items if isinstance(t, torch.Tensor)}
+        if isinstance(value, (tuple, list)):  # outputs of multi-output ops, nested tuples too
+            return {p: size for item in value for p, size in ptrs(item).items()}
+        return {value.untyped_storage().data_ptr(): value.untyped_storage().nbytes()} if isinstance(value, torch.Tensor) else {}
 
     before = {p for a in args for p in ptrs(a)} - set(held_ptrs)
     made, reads = dict(held_ptrs), {}
@@ -102,6 +103,35 @@ def test_simulation_equals_a_count_over_real_storages():
     assert [s[:2] for s in timeline.steps] == [s[:2] for s in expected]
     assert list(timeline.steps) == expected
     assert timeline.peak == max(b for _, _, b in expected)
+
+
+def _random_forward(x, w):
+    from planner._torch_compat import run_and_save_rng_state
+
+    h = torch.mm(x, w)
+    state, (out, mask) = run_and_save_rng_state()(aten.native_dropout.default, h, 0.5, True)  # nested outputs
+    loss = torch.relu(out).sum()
+    return loss, state, mask
+
+
+def _random_backward(state, mask, tangent):
+    return (torch.mul(mask, tangent) * 2.0,)
+
+
+def test_simulation_counts_outputs_nested_in_tuples():
+    x, w = torch.randn(8, 6), torch.randn(6, 4)
+    forward = _traced(_random_forward, x, w)
+    outs_eager = forward(x, w)
+    backward = _traced(_random_backward, outs_eager[1], outs_eager[2], torch.ones(()))
+    timeline = simulate(forward, backward, num_fwd_outputs=1)
+
+    fwd_counts, outs = _real_count(forward, [x, w], "forward", {}, keep_outputs=True)
+    stored = {o.untyped_storage().data_ptr(): (-1, o.untyped_storage().nbytes()) for o in outs}
+    bwd_counts, _ = _real_count(backward, [outs[1], outs[2], torch.ones(())], "backward", stored, keep_outputs=True,
+                                kept_extra={outs[0].untyped_storage().data_ptr()})
+    assert list(timeline.steps) == fwd_counts + bwd_counts
+    dropout = next(n for n in forward.graph.nodes if "run_and_save_rng_state" in str(n.target))
+    assert any(name == dropout.name and size >= 8 * 4 * 4 for _, name, size in timeline.steps)  # out and mask
 
 
 def _bound_and_simulated(name, fraction, codegen):
