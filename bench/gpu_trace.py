@@ -50,18 +50,20 @@ def alive_at_peak(events: list[dict]) -> tuple[int, list[dict]]:
     return peak, at_peak
 
 
+def _own_frames(event: dict) -> list[dict]:
+    """The allocating frames in generated or user code (not torch's own)."""
+    return [f for f in event.get("frames", []) if f.get("filename", "").endswith(".py") and "torch/" not in f["filename"]]
+
+
 def where(event: dict) -> str:
-    frames = [f for f in event.get("frames", []) if f.get("filename", "").endswith(".py") and "torch/" not in f["filename"]]
-    frames = frames or event.get("frames", [])
+    frames = _own_frames(event) or event.get("frames", [])
     return " < ".join(f"{f.get('name')}:{f.get('line')}" for f in frames[:3])
 
 
 def source(event: dict) -> str:
     """The line of generated (or user) code that allocated the block, when it can be read."""
-    for f in event.get("frames", []):
-        if f.get("filename", "").endswith(".py") and "torch/" not in f["filename"]:
-            return linecache.getline(f["filename"], f.get("line", 0)).strip()[:110]
-    return ""
+    frames = _own_frames(event)
+    return linecache.getline(frames[0]["filename"], frames[0].get("line", 0)).strip()[:110] if frames else ""
 
 
 def main(argv: list[str] | None = None) -> None:

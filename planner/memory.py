@@ -7,8 +7,9 @@ Both follow the same rules, read from node metadata:
 * a storage is freed right after its last reader (inductor and fx code both drop references
   at last use); inputs and parameters are held before the step and never counted;
 * forward outputs the caller keeps, and the gradients the backward returns, live to the end;
-* with ``fuse=True`` (inductor), a pointwise value (a cast, a constant such as ``iota`` or ``full``) read only by pointwise ops, reductions and
-  indexing ops (:func:`fuses_producers`) is computed inside their kernel and never stored,
+* with ``fuse=True`` (inductor), a pointwise value (a cast, a constant such as ``iota`` or
+  ``full``) read only by pointwise ops, reductions and indexing ops (:func:`fuses_producers`)
+  is computed inside their kernel and never stored,
   unless several kernels read it and it reads more than ``REALIZE_READS`` stored inputs
   (inductor then stores it rather than recompute it in each reader: its
   ``realize_reads_threshold``); a fused value's inputs are read when the
@@ -374,10 +375,10 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     if copies:
         until = _latest_reads(nodes, index, first_read, last_read, fused, len(steps))
         for primal, size in copies.items():
-            forward = [r for r in readers(primal) if r in index]
+            reading = readers(primal)
+            forward = [r for r in reading if r in index]
             # read in the backward directly, or by a recomputed copy of a forward reader
-            end = max([-1] + [bwd_kernel[r] for r in readers(primal) if r in bwd_kernel]
-                      + [until[index[r]] for r in forward])
+            end = max([-1] + [bwd_kernel[r] for r in reading if r in bwd_kernel] + [until[index[r]] for r in forward])
             fwd_end = n - 1 if end >= 0 else max([0] + [fwd_kernel[r] for r in forward])
             fwd_base[: fwd_end + 1] += size
             base[: end + 1] += size

@@ -86,20 +86,25 @@ def _real_count(gm: fx.GraphModule, args: list, phase: str, held_ptrs: dict, kee
     return counts, outputs
 
 
-def test_simulation_equals_a_count_over_real_storages():
+def _simulated_and_counted(forward_fn, backward_fn):
+    """The simulated timeline of a traced forward and backward, and a brute-force count of the
+    same steps over real storages. The forward returns the loss and then the saved values."""
     x, w = torch.randn(8, 6), torch.randn(6, 4)
-    forward = _traced(_forward, x, w)
-    loss, h, r = _forward(x, w)
-    backward = _traced(_backward, h, r, torch.ones(()))
+    forward = _traced(forward_fn, x, w)
+    saved = list(forward(x, w)[1:])
+    backward = _traced(backward_fn, *saved, torch.ones(()))
     timeline = simulate(forward, backward, num_fwd_outputs=1)
 
     fwd_counts, outs = _real_count(forward, [x, w], "forward", {}, keep_outputs=True)
     # the backward holds the forward's user output (kept) and the saved values (until last read)
     stored = {o.untyped_storage().data_ptr(): (-1, o.untyped_storage().nbytes()) for o in outs}
-    tangent = torch.ones(())
-    bwd_counts, _ = _real_count(backward, [outs[1], outs[2], tangent], "backward", stored, keep_outputs=True,
+    bwd_counts, _ = _real_count(backward, [*outs[1:], torch.ones(())], "backward", stored, keep_outputs=True,
                                 kept_extra={outs[0].untyped_storage().data_ptr()})
-    expected = fwd_counts + bwd_counts
+    return forward, timeline, fwd_counts + bwd_counts
+
+
+def test_simulation_equals_a_count_over_real_storages():
+    _, timeline, expected = _simulated_and_counted(_forward, _backward)
     assert [s[:2] for s in timeline.steps] == [s[:2] for s in expected]
     assert list(timeline.steps) == expected
     assert timeline.peak == max(b for _, _, b in expected)
@@ -119,17 +124,8 @@ def _random_backward(state, mask, tangent):
 
 
 def test_simulation_counts_outputs_nested_in_tuples():
-    x, w = torch.randn(8, 6), torch.randn(6, 4)
-    forward = _traced(_random_forward, x, w)
-    outs_eager = forward(x, w)
-    backward = _traced(_random_backward, outs_eager[1], outs_eager[2], torch.ones(()))
-    timeline = simulate(forward, backward, num_fwd_outputs=1)
-
-    fwd_counts, outs = _real_count(forward, [x, w], "forward", {}, keep_outputs=True)
-    stored = {o.untyped_storage().data_ptr(): (-1, o.untyped_storage().nbytes()) for o in outs}
-    bwd_counts, _ = _real_count(backward, [outs[1], outs[2], torch.ones(())], "backward", stored, keep_outputs=True,
-                                kept_extra={outs[0].untyped_storage().data_ptr()})
-    assert list(timeline.steps) == fwd_counts + bwd_counts
+    forward, timeline, expected = _simulated_and_counted(_random_forward, _random_backward)
+    assert list(timeline.steps) == expected
     dropout = next(n for n in forward.graph.nodes if "run_and_save_rng_state" in str(n.target))
     assert any(name == dropout.name and size >= 8 * 4 * 4 for _, name, size in timeline.steps)  # out and mask
 
