@@ -45,11 +45,11 @@ class CPSATSolver(Solver):
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
-        begin, start = heuristic_start(problem, budget_bytes, frugal, deadline)
+        begin, start, notes = heuristic_start(problem, budget_bytes, frugal, deadline)
         hint = (start.saved, start.recomputed)
         solution = within_peak(problem, budget_bytes, start, deadline,
                                lambda model, objective: self._run(model, objective, hint, deadline))
-        solution.stats.update(workers=self.workers, start=begin)
+        solution.stats.update(workers=self.workers, start=begin, **notes)
         return solution
 
     def _run(self, model: GraphModel, objective: np.ndarray, hint, deadline: float) -> Answer:

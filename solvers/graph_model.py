@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 from planner.problem import Problem
 
-__all__ = ["GraphModel", "RowBuilder", "build_graph_model", "tie_broken_objective", "MEMORY_TIE_BREAK"]
+__all__ = ["GraphModel", "RowBuilder", "build_graph_model", "tie_blocks", "tie_broken_objective", "MEMORY_TIE_BREAK"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,15 @@ def build_graph_model(problem: Problem) -> tuple[GraphModel, RowBuilder]:
     base = GraphModel(sp.csr_matrix((0, build.num_vars)), np.zeros(0), np.zeros(0), runtime, memory,
                       saved_var, recomputed_var, np.ones(build.num_vars, dtype=bool), np.zeros(0))
     return base, build
+
+
+def tie_blocks(build: RowBuilder, base: GraphModel, blocks) -> None:
+    """Rows making corresponding nodes of consecutive blocks decide alike (a restriction):
+    ``saved[i] == saved[i + P]`` and ``recomputed[i] == recomputed[i + P]``."""
+    for i, j in blocks.pairs():
+        for var in (base.saved_var, base.recomputed_var):
+            if var[i] >= 0 and var[j] >= 0:
+                build.add_row([var[i], var[j]], [1.0, -1.0], 0.0, 0.0)
 
 
 def _relevant(problem: Problem) -> np.ndarray:

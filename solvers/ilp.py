@@ -17,7 +17,8 @@ from planner.decision import Status
 from planner.errors import ConfigError
 from planner.problem import Evaluation, Problem, evaluate, evaluate_names
 from solvers.base import Solution, Solver, relative_gap
-from solvers.graph_model import MEMORY_TIE_BREAK, GraphModel, build_graph_model, tie_broken_objective
+from solvers.blocks import Blocks, find_blocks
+from solvers.graph_model import MEMORY_TIE_BREAK, GraphModel, build_graph_model, tie_blocks, tie_broken_objective
 from solvers.peak_rows import Round, solve_within_peak
 
 __all__ = ["ILPSolver", "BACKENDS", "lp_bound", "solve_highs", "to_round", "within_peak"]
@@ -60,25 +61,33 @@ class ILPSolver(Solver):
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
         backend = BACKENDS[self.backend]
-        begin, start = heuristic_start(problem, budget_bytes, frugal, deadline)
+        begin, start, notes = heuristic_start(problem, budget_bytes, frugal, deadline)
         solution = within_peak(problem, budget_bytes, start, deadline,
                                lambda model, objective: backend(model, objective, deadline))
-        solution.stats.update(backend=self.backend, start=begin)
+        solution.stats.update(backend=self.backend, start=begin, **notes)
         return solution
 
 
 HEURISTIC_SECONDS = 0.5
+BLOCKS_SHARE = 0.5
 
 
-def heuristic_start(problem: Problem, budget_bytes: int, frugal: Evaluation, deadline: float) -> tuple[str, Evaluation]:
-    """The exact solvers' starting plan, and which solver made it: the fastest of the ``mincut``
-    and ``greedy`` plans for this budget and the most frugal plan. Each fits the budget. Near the
-    frugal end, where the exact search may not beat its start in time, the greedy capacity
-    search often finds a much faster plan than the frugal one in a fraction of a second.
+def heuristic_start(problem: Problem, budget_bytes: int, frugal: Evaluation,
+                    deadline: float) -> tuple[str, Evaluation, dict]:
+    """The exact solvers' starting plan, which method made it, and notes for ``stats``.
 
-    Each heuristic gets a tenth of the time left, and at least ``HEURISTIC_SECONDS`` (the search
-    for the frugal plan may have used the whole limit; both take well under that on a GPT of
-    a few thousand nodes), so the solve can overrun its limit by that much."""
+    The fastest of the ``mincut`` and ``greedy`` plans for this budget and the most frugal
+    plan, each of which fits the budget; near the frugal end the greedy capacity search often
+    beats the frugal plan by far in a fraction of a second. Each heuristic gets a tenth of the
+    time left, and at least ``HEURISTIC_SECONDS`` (the search for the frugal plan may have used
+    the whole limit), so the solve can overrun its limit by that much.
+
+    Then, if the problem repeats a block (:func:`solvers.blocks.find_blocks`: the layers of a
+    transformer), the program with every block deciding alike, solved by HiGHS from that start
+    for up to ``BLOCKS_SHARE`` of the time left (``"blocks"`` if it wins). Tying makes the
+    program a fraction of its size, so at tight budgets it finds in seconds plans the full
+    program does not reach within its limit; the full program then improves on it or proves
+    it optimal."""
     from solvers.greedy import GreedySolver
     from solvers.mincut import MinCutSolver
 
@@ -88,10 +97,21 @@ def heuristic_start(problem: Problem, budget_bytes: int, frugal: Evaluation, dea
         plan = evaluate_names(problem, kind(time_limit=share).solve(problem, budget_bytes).saved)
         if plan.peak_bytes <= budget_bytes:
             found.append((kind.name, plan))
-    return min(found, key=lambda named: named[1].seconds)
+    begin, start = min(found, key=lambda named: named[1].seconds)
+    blocks = find_blocks(problem)
+    if blocks is None:
+        return begin, start, {"blocks": None}
+    until = time.monotonic() + BLOCKS_SHARE * max(0.0, deadline - time.monotonic())
+    tied = within_peak(problem, budget_bytes, start, until, lambda model, objective: solve_highs(model, objective, until),
+                       blocks=blocks)
+    notes = {"blocks": {"start": blocks.start, "period": blocks.period, "count": blocks.count,
+                        "status": tied.status, "rounds": tied.stats["rounds"]}}
+    plan = evaluate(problem, tied.saved)
+    return ("blocks", plan, notes) if plan.seconds < start.seconds else (begin, start, notes)
 
 
-def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline: float, run) -> Solution:
+def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline: float, run,
+                blocks: Blocks | None = None) -> Solution:
     """The least-runtime plan whose peak fits, by :func:`solvers.peak_rows.solve_within_peak`.
 
     ``run(model, objective)`` solves one program and returns an :class:`Answer`. ``start`` is
@@ -101,6 +121,8 @@ def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline
     best bound any round proved (each round relaxes the full program, so its bound holds).
     """
     base, build = build_graph_model(problem)
+    if blocks is not None:
+        tie_blocks(build, base, blocks)
     objective = tie_broken_objective(base)
     top = float(np.max(base.runtime, initial=0.0))
     bounds = [0.0]

@@ -107,3 +107,30 @@ def brute_force_min_memory(problem: Problem) -> int:
 
 def brute_force_min_peak(problem: Problem) -> int:
     return min(p.peak_bytes for p in all_plans(problem))
+
+
+def tiled_problem(seed: int, size: int, count: int) -> Problem:
+    """``count`` copies of one random block of ``size`` nodes, in a chain: each block's first
+    node reads the previous block's last node, as a transformer layer reads the one before."""
+    rng = np.random.default_rng(seed)
+    inputs = [sorted(rng.choice(i, size=int(rng.integers(1, min(i, 2) + 1)), replace=False).tolist()) if i else []
+              for i in range(size)]
+    runtime, nbytes = rng.integers(1, 50, size) / 10.0, rng.integers(1, 100, size).astype(np.int64)
+    needed = rng.random(size) < 0.4
+    ptr, idx = [0], []
+    for b in range(count):
+        for i in range(size):
+            idx.extend([b * size + j for j in inputs[i]] + ([b * size - 1] if b and i == 0 else []))
+            ptr.append(len(idx))
+    n = size * count
+    return Problem(
+        names=tuple(f"op{i}_{b}" for b in range(count) for i in range(size)),
+        nbytes=np.tile(nbytes, count),
+        runtime=np.tile(runtime, count),
+        saveable=np.ones(n, dtype=bool),
+        recomputable=np.ones(n, dtype=bool),
+        random=np.zeros(n, dtype=bool),
+        needed=np.tile(needed, count),
+        input_ptr=np.array(ptr, dtype=np.int64),
+        input_idx=np.array(idx, dtype=np.int64),
+    )

@@ -1,0 +1,78 @@
+"""Repeated blocks of a problem (the layers of a transformer), found from its arrays alone.
+
+Node ``i + P`` corresponds to node ``i`` when both are the same kind of op (the name without
+its numeric suffix) with the same bytes, runtime and flags, and each input of ``i + P`` is the
+matching input of ``i`` moved on by ``P`` (a node of the next block) or the same node (a value
+every block reads). The period ``P`` whose run of corresponding nodes covers the most nodes
+gives the blocks: that run, cut every ``P`` nodes.
+
+The exact solvers use the blocks for a starting plan: the same program with every block
+deciding alike (``saved[i] == saved[i + P]``), a fraction of its size once presolved. Tying
+is a restriction, so its plan is feasible for the full program and proves nothing about it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from planner.problem import Problem
+
+__all__ = ["Blocks", "find_blocks"]
+
+_SUFFIX = re.compile(r"_\d+$")
+_PAD = -(1 << 40)  # an input slot a node does not have; no shift maps it onto a real index
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """``count`` blocks of ``period`` nodes each, the first starting at node ``start``."""
+
+    start: int
+    period: int
+    count: int
+
+    def pairs(self) -> Iterator[tuple[int, int]]:
+        """``(i, i + period)`` for every node i of every block but the last."""
+        for i in range(self.start, self.start + (self.count - 1) * self.period):
+            yield i, i + self.period
+
+
+def find_blocks(problem: Problem, min_count: int = 2) -> Blocks | None:
+    """The repeated blocks covering the most nodes, or None if no period repeats ``min_count``
+    times.
+
+    Complexity: O(n^2 d / 2) comparisons for n nodes of at most d inputs, in numpy.
+    """
+    n = len(problem)
+    kinds: dict[tuple, int] = {}
+    signature = np.array([kinds.setdefault(key, len(kinds)) for key in zip(
+        (_SUFFIX.sub("", name) for name in problem.names), problem.nbytes.tolist(), problem.runtime.tolist(),
+        problem.saveable.tolist(), problem.recomputable.tolist(), problem.random.tolist(), problem.needed.tolist(),
+        problem.schedule.copy_bytes.tolist(), problem.schedule.fused.tolist())], dtype=np.int64)
+    degree = np.diff(problem.input_ptr)
+    inputs = np.full((n, int(degree.max(initial=0))), _PAD, dtype=np.int64)
+    for i, ins in enumerate(problem.inputs):
+        inputs[i, : len(ins)] = ins
+    best: Blocks | None = None
+    for period in range(1, n // min_count + 1):
+        a, b = inputs[:-period], inputs[period:]
+        matches = (signature[:-period] == signature[period:]) & (degree[:-period] == degree[period:])
+        matches &= ((b == a + period) | (b == a)).all(axis=1)
+        start, length = _longest_run(matches)
+        count = (length + period) // period
+        if count >= min_count and (best is None or count * period > best.count * best.period):
+            best = Blocks(start, period, count)
+    return best
+
+
+def _longest_run(flags: np.ndarray) -> tuple[int, int]:
+    """Start and length of the longest run of True (0, 0 if none)."""
+    edges = np.diff(np.concatenate(([0], flags.astype(np.int8), [0])))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    if len(starts) == 0:
+        return 0, 0
+    k = int(np.argmax(ends - starts))
+    return int(starts[k]), int(ends[k] - starts[k])
