@@ -40,9 +40,9 @@ class Blocks:
             yield i, i + self.period
 
 
-def find_blocks(problem: Problem, min_count: int = 2) -> Blocks | None:
-    """The repeated blocks covering the most nodes, or None if no period repeats ``min_count``
-    times.
+def find_blocks(problem: Problem, min_count: int = 2, min_cover: float = 0.5) -> Blocks | None:
+    """The repeated blocks covering the most nodes, or None if none repeat ``min_count`` times
+    and cover at least ``min_cover`` of the nodes (a few alike nodes in a row are no blocks).
 
     Complexity: O(n^2 d / 2) comparisons for n nodes of at most d inputs, in numpy.
     """
@@ -65,6 +65,8 @@ def find_blocks(problem: Problem, min_count: int = 2) -> Blocks | None:
         count = (length + period) // period
         if count >= min_count and (best is None or count * period > best.count * best.period):
             best = Blocks(start, period, count)
+    if best is None or best.count * best.period < min_cover * n:
+        return None
     return best
 
 

@@ -13,7 +13,7 @@ from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver, relative_gap
 from solvers.graph_model import GraphModel
 from solvers.ilp import Answer, heuristic_start, within_peak
-from solvers.peak_rows import Limit
+from solvers.peak_rows import Limit, Steps
 
 __all__ = ["CPSATSolver", "run_cpsat"]
 
@@ -45,10 +45,11 @@ class CPSATSolver(Solver):
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
-        begin, start, notes = heuristic_start(problem, budget_bytes, frugal, deadline)
+        steps = Steps()
+        begin, start, notes = heuristic_start(problem, budget_bytes, frugal, deadline, steps)
         hint = (start.saved, start.recomputed)
         solution = within_peak(problem, budget_bytes, start, deadline,
-                               lambda model, objective: self._run(model, objective, hint, deadline))
+                               lambda model, objective: self._run(model, objective, hint, deadline), steps=steps)
         solution.stats.update(workers=self.workers, start=begin, **notes)
         return solution
 

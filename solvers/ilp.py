@@ -19,7 +19,7 @@ from planner.problem import Evaluation, Problem, evaluate, evaluate_names
 from solvers.base import Solution, Solver, relative_gap
 from solvers.blocks import Blocks, find_blocks
 from solvers.graph_model import MEMORY_TIE_BREAK, GraphModel, build_graph_model, tie_blocks, tie_broken_objective
-from solvers.peak_rows import Round, solve_within_peak
+from solvers.peak_rows import Round, Steps, solve_within_peak
 
 __all__ = ["ILPSolver", "BACKENDS", "lp_bound", "solve_highs", "to_round", "within_peak"]
 
@@ -61,19 +61,21 @@ class ILPSolver(Solver):
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
         backend = BACKENDS[self.backend]
-        begin, start, notes = heuristic_start(problem, budget_bytes, frugal, deadline)
+        steps = Steps()
+        begin, start, notes = heuristic_start(problem, budget_bytes, frugal, deadline, steps)
         solution = within_peak(problem, budget_bytes, start, deadline,
-                               lambda model, objective: backend(model, objective, deadline))
+                               lambda model, objective: backend(model, objective, deadline), steps=steps)
         solution.stats.update(backend=self.backend, start=begin, **notes)
         return solution
 
 
 HEURISTIC_SECONDS = 0.5
 BLOCKS_SHARE = 0.5
+BLOCKS_GAP = 0.01  # the tied program only supplies a start: each of its rounds stops within 1%
 
 
 def heuristic_start(problem: Problem, budget_bytes: int, frugal: Evaluation,
-                    deadline: float) -> tuple[str, Evaluation, dict]:
+                    deadline: float, steps: Steps) -> tuple[str, Evaluation, dict]:
     """The exact solvers' starting plan, which method made it, and notes for ``stats``.
 
     The fastest of the ``mincut`` and ``greedy`` plans for this budget and the most frugal
@@ -87,7 +89,7 @@ def heuristic_start(problem: Problem, budget_bytes: int, frugal: Evaluation,
     for up to ``BLOCKS_SHARE`` of the time left (``"blocks"`` if it wins). Tying makes the
     program a fraction of its size, so at tight budgets it finds in seconds plans the full
     program does not reach within its limit; the full program then improves on it or proves
-    it optimal."""
+    it optimal, starting with the memory rows the tied program needed (added to ``steps``)."""
     from solvers.greedy import GreedySolver
     from solvers.mincut import MinCutSolver
 
@@ -102,16 +104,16 @@ def heuristic_start(problem: Problem, budget_bytes: int, frugal: Evaluation,
     if blocks is None:
         return begin, start, {"blocks": None}
     until = time.monotonic() + BLOCKS_SHARE * max(0.0, deadline - time.monotonic())
-    tied = within_peak(problem, budget_bytes, start, until, lambda model, objective: solve_highs(model, objective, until),
-                       blocks=blocks)
+    tied = within_peak(problem, budget_bytes, start, until,
+                       lambda model, objective: solve_highs(model, objective, until, BLOCKS_GAP), blocks=blocks, steps=steps)
     notes = {"blocks": {"start": blocks.start, "period": blocks.period, "count": blocks.count,
-                        "status": tied.status, "rounds": tied.stats["rounds"]}}
+                        "status": tied.status, "gap_limit": BLOCKS_GAP, "rounds": tied.stats["rounds"]}}
     plan = evaluate(problem, tied.saved)
     return ("blocks", plan, notes) if plan.seconds < start.seconds else (begin, start, notes)
 
 
 def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline: float, run,
-                blocks: Blocks | None = None) -> Solution:
+                blocks: Blocks | None = None, steps: Steps | None = None) -> Solution:
     """The least-runtime plan whose peak fits, by :func:`solvers.peak_rows.solve_within_peak`.
 
     ``run(model, objective)`` solves one program and returns an :class:`Answer`. ``start`` is
@@ -119,6 +121,9 @@ def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline
     passes before a faster plan within the budget is found, it is returned with status
     ``feasible``, and ``stats`` says so. A plan that is not proven optimal gets its gap to the
     best bound any round proved (each round relaxes the full program, so its bound holds).
+    With ``blocks``, the program is the tied restriction (:func:`tie_blocks`), and the status and
+    gap are of that program only. ``steps`` (:class:`solvers.peak_rows.Steps`) carries the
+    memory rows' steps from one call to the next.
     """
     base, build = build_graph_model(problem)
     if blocks is not None:
@@ -136,7 +141,7 @@ def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline
             bounds.append(max(0.0, float(padded @ answer.x) * (1.0 - answer.gap) - MEMORY_TIE_BREAK) * top)
         return to_round(problem, model, answer)
 
-    result, stats = solve_within_peak(problem, base, build, solve, deadline, limit_bytes=budget_bytes)
+    result, stats = solve_within_peak(problem, base, build, solve, deadline, limit_bytes=budget_bytes, steps=steps)
     stats["start_seconds"] = start.seconds
     if result.plan is not None and result.optimal and result.plan.peak_bytes <= budget_bytes:
         return Solution(result.plan.saved, Status.OPTIMAL, 0.0, stats)
@@ -153,14 +158,15 @@ def to_round(problem: Problem, model: GraphModel, answer: "Answer") -> Round:
     return Round(plan, answer.x, answer.optimal, answer.gap)
 
 
-def solve_highs(model: GraphModel, objective: np.ndarray, deadline: float) -> Answer:
-    """HiGHS branch-and-cut through ``scipy.optimize.milp``, to zero relative gap."""
+def solve_highs(model: GraphModel, objective: np.ndarray, deadline: float, gap: float = 0.0) -> Answer:
+    """HiGHS branch-and-cut through ``scipy.optimize.milp``, to relative gap ``gap`` (optimal
+    means within it)."""
     result = milp(
         objective,
         integrality=model.integral.astype(int),
         bounds=Bounds(0, 1),
         constraints=LinearConstraint(model.rows, model.lower, model.upper),
-        options={"time_limit": max(0.1, deadline - time.monotonic()), "mip_rel_gap": 0.0, "disp": False},
+        options={"time_limit": max(0.1, deadline - time.monotonic()), "mip_rel_gap": gap, "disp": False},
     )
     if result.x is None:
         return Answer(None, False, None)

@@ -23,7 +23,7 @@ so its optimum (and its bound, if stopped early) holds for the full program too.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -32,7 +32,7 @@ from planner.problem import Evaluation, Problem, memory_profile
 from planner.schedule import consumers
 from solvers.graph_model import GraphModel, RowBuilder
 
-__all__ = ["PeakRows", "Limit", "Round", "solve_within_peak", "memory_unit"]
+__all__ = ["PeakRows", "Limit", "Round", "Steps", "solve_within_peak", "memory_unit"]
 
 
 
@@ -224,6 +224,17 @@ class Round:
     gap: float | None
 
 
+@dataclass
+class Steps:
+    """The steps that have memory rows. A loop given one starts from its steps and adds to it,
+    so a later program of the same problem and limit (the full one after the tied one) starts
+    with every row an earlier one needed; a row at any step holds for every plan, so starting
+    with more rows changes no optimum."""
+
+    forward: set[int] = field(default_factory=set)
+    backward: set[int] = field(default_factory=set)
+
+
 def solve_within_peak(
     problem: Problem,
     base: GraphModel,
@@ -232,6 +243,7 @@ def solve_within_peak(
     deadline: float,
     limit_bytes: float = 0.0,
     peak_span: float | None = None,
+    steps: Steps | None = None,
 ) -> tuple[Round, dict]:
     """Solve with memory rows added lazily until no step of the plan exceeds the limit.
 
@@ -247,7 +259,10 @@ def solve_within_peak(
         limit = Limit(limit_bytes, unit)
     else:
         limit = Limit(limit_bytes, unit, int(build.add_vars(1, integral=False)[0]), peak_span)
-    forward_steps, backward_steps = {len(problem) - 1}, {0, int(np.argmax(problem.schedule.base))}
+    steps = Steps() if steps is None else steps
+    forward_steps, backward_steps = steps.forward, steps.backward  # grown in place
+    forward_steps.add(len(problem) - 1)
+    backward_steps.update((0, int(np.argmax(problem.schedule.base))))
     rounds, fitting = 0, None
     while True:
         trial = build.copy()
