@@ -181,13 +181,14 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
     lp = pulp.LpProblem("activation_checkpointing", pulp.LpMinimize)
     x = [pulp.LpVariable(f"x{k}", 0, 1, cat="Integer" if integral else "Continuous")
          for k, integral in enumerate(model.integral)]
-    lp += pulp.lpSum(float(c) * x[k] for k, c in enumerate(objective) if c)
-    for cols, coefs, lower, upper in model.constraints():
-        expr = pulp.lpSum(float(c) * x[k] for k, c in zip(cols, coefs))
-        if lower is not None:
-            lp += expr >= lower
-        if upper is not None:
-            lp += expr <= upper
+    lp.setObjective(pulp.LpAffineExpression([(x[k], float(c)) for k, c in enumerate(objective) if c]))
+    for r, (cols, coefs, lower, upper) in enumerate(model.constraints()):
+        if r % 4096 == 0 and time.monotonic() > deadline:
+            return Answer(None, False, None)  # PuLP builds about 15 µs per nonzero: stop at the limit
+        terms = [(x[k], float(c)) for k, c in zip(cols, coefs)]
+        for sense, rhs in ((pulp.LpConstraintGE, lower), (pulp.LpConstraintLE, upper)):
+            if rhs is not None:
+                lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), sense, rhs=rhs))
     limit = max(1, int(deadline - time.monotonic()))
     lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=1, gapRel=0.0))
     if lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):

@@ -4,11 +4,15 @@ import itertools
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from planner.problem import memory_profile
+from planner.bounds import runtime_optimal_plan
+from planner.decision import Status
+from planner.problem import evaluate, memory_profile
 from solvers.graph_model import build_graph_model
-from solvers.peak_rows import Limit, PeakRows, memory_unit
+from solvers.ilp import solve_highs, within_peak
+from solvers.peak_rows import Limit, PeakRows, Steps, memory_unit
 from tests.synthetic import all_plans, timed_problems
 
 
@@ -45,3 +49,20 @@ def test_memory_rows_equal_the_profile_at_every_step_for_every_plan(problem):
         for plan, prof in zip(plans, profiles):
             expected = getattr(prof, phase)[step]
             assert _least_memory_the_rows_allow(model, plan, int(col), span) == pytest.approx(expected, abs=1e-3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(timed_problems, st.floats(0, 1), st.data())
+def test_rows_at_more_steps_change_no_optimum(problem, fraction, data):
+    # The full program starts with the steps the tied one needed: any steps, the same optimum.
+    plans = list(all_plans(problem))
+    frugal = min(plans, key=lambda p: p.peak_bytes)
+    budget = frugal.peak_bytes + int((runtime_optimal_plan(problem).peak_bytes - frugal.peak_bytes) * fraction)
+    given_forward = data.draw(st.sets(st.integers(0, len(problem) - 1)))
+    given_backward = data.draw(st.sets(st.integers(0, problem.schedule.num_steps - 1)))
+    steps = Steps(set(given_forward), set(given_backward))
+    found = within_peak(problem, budget, frugal, float("inf"), lambda m, o: solve_highs(m, o, float("inf")), steps=steps)
+    best = min((p.seconds for p in plans if p.peak_bytes <= budget))
+    assert found.status == Status.OPTIMAL
+    assert evaluate(problem, found.saved).seconds == pytest.approx(best, abs=1e-4 * problem.runtime.max() + 1e-12)
+    assert steps.forward >= given_forward and steps.backward >= given_backward
