@@ -12,8 +12,8 @@ from planner.errors import SolverError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver, relative_gap
 from solvers.graph_model import GraphModel
-from solvers.ilp import Answer, heuristic_start, within_peak
-from solvers.peak_rows import Limit, Steps
+from solvers.ilp import Answer, solve_from_start
+from solvers.peak_rows import Limit
 
 __all__ = ["CPSATSolver", "run_cpsat"]
 
@@ -45,21 +45,16 @@ class CPSATSolver(Solver):
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
-        steps = Steps()
-        begin, start, notes = heuristic_start(problem, budget_bytes, frugal, deadline, steps)
-        hint = (start.saved, start.recomputed)
-        solution = within_peak(problem, budget_bytes, start, deadline,
-                               lambda model, objective: self._run(model, objective, hint, deadline), steps=steps)
-        solution.stats.update(workers=self.workers, start=begin, **notes)
+        solution = solve_from_start(problem, budget_bytes, frugal, deadline,
+                                    lambda model, objective, start: run_cpsat(model, objective, start, deadline, self.workers))
+        solution.stats["workers"] = self.workers
         return solution
 
-    def _run(self, model: GraphModel, objective: np.ndarray, hint, deadline: float) -> Answer:
-        return run_cpsat(model, objective, hint, deadline, self.workers)
 
-
-def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint, deadline: float, workers: int,
+def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint: np.ndarray, deadline: float, workers: int,
               peak: Limit | None = None) -> Answer:
-    """Solve one graph model with CP-SAT, hinted with a plan ``(saved, recomputed)``.
+    """Solve one graph model with CP-SAT, hinted with a plan's vector on the model
+    (:meth:`GraphModel.vector`).
 
     With ``peak`` (a limit with a column), that column becomes a whole number of bytes and is
     the objective; otherwise ``objective`` is scaled to integers.
@@ -70,9 +65,8 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint, deadline: f
     else:
         weights = np.rint(objective * OBJECTIVE_SCALE).astype(np.int64)
         cp.Minimize(sum(int(w) * x[k] for k, w in enumerate(weights) if w))
-    start = model.vector(*hint)
     for k in np.flatnonzero(model.integral):
-        cp.AddHint(x[k], int(start[k]))
+        cp.AddHint(x[k], int(hint[k]))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, deadline - time.monotonic())
     solver.parameters.num_workers = workers
@@ -85,9 +79,12 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint, deadline: f
     values = np.array([solver.Value(v) for v in x], dtype=float)
     if peak_bytes is not None:
         values[peak.col] = solver.Value(peak_bytes) / peak.span
+        bound = None  # in bytes, not in the objective's units
+    else:
+        bound = solver.BestObjectiveBound() / OBJECTIVE_SCALE
     optimal = status == cp_model.OPTIMAL
     gap = 0.0 if optimal else relative_gap(solver.ObjectiveValue(), solver.BestObjectiveBound())
-    return Answer(values, optimal, gap)
+    return Answer(values, optimal, gap, bound)
 
 
 def _to_cp_model(model: GraphModel, peak: Limit | None = None) -> tuple[cp_model.CpModel, list, object]:

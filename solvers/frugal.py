@@ -80,7 +80,7 @@ def _min_peak_plan(problem: Problem, time_limit: float) -> FrugalPlan:
     hint = [start_plan]
 
     def solve(model, limit):
-        found = to_round(problem, model, run_cpsat(model, None, (hint[-1].saved, hint[-1].recomputed), deadline, 8, limit))
+        found = to_round(problem, model, run_cpsat(model, None, model.vector(hint[-1].saved, hint[-1].recomputed), deadline, 8, limit))
         if found.plan is not None:
             hint.append(found.plan)
         return found

@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 from planner.problem import Problem
 
-__all__ = ["GraphModel", "RowBuilder", "build_graph_model", "tie_blocks", "tie_broken_objective", "MEMORY_TIE_BREAK"]
+__all__ = ["GraphModel", "RowBuilder", "build_graph_model", "tie_blocks", "tie_broken_objective", "seconds_bound", "MEMORY_TIE_BREAK"]
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,12 @@ def tie_broken_objective(model: GraphModel) -> np.ndarray:
     """
     total = float(model.memory.sum())
     return _scaled(model.runtime) + (MEMORY_TIE_BREAK * model.memory / total if total > 0 else 0.0)
+
+
+def seconds_bound(value: float, model: GraphModel) -> float:
+    """A bound on :func:`tie_broken_objective` back in seconds: the tie-break weighs at most
+    ``MEMORY_TIE_BREAK`` in all, and the runtime is scaled by the costliest node's."""
+    return max(0.0, float(value) - MEMORY_TIE_BREAK) * float(np.max(model.runtime, initial=0.0))
 
 
 def _scaled(vector: np.ndarray) -> np.ndarray:

@@ -17,11 +17,12 @@ from planner.decision import Status
 from planner.errors import ConfigError
 from planner.problem import Evaluation, Problem, evaluate, evaluate_names
 from solvers.base import Solution, Solver, relative_gap
-from solvers.blocks import Blocks, find_blocks
-from solvers.graph_model import MEMORY_TIE_BREAK, GraphModel, build_graph_model, tie_blocks, tie_broken_objective
+from solvers.blocks import find_blocks
+from solvers.graph_model import GraphModel, build_graph_model, seconds_bound, tie_blocks, tie_broken_objective
 from solvers.peak_rows import Round, Steps, solve_within_peak
+from solvers.rounding import improve_near, round_relaxation
 
-__all__ = ["ILPSolver", "BACKENDS", "lp_bound", "solve_highs", "to_round", "within_peak"]
+__all__ = ["ILPSolver", "BACKENDS", "Start", "lp_bound", "solve_from_start", "solve_highs", "to_round", "within_peak"]
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Answer:
     x: np.ndarray | None
     optimal: bool
     gap: float | None
+    bound: float | None = None  # no solution of the program has a lower objective
 
 
 class ILPSolver(Solver):
@@ -61,84 +63,117 @@ class ILPSolver(Solver):
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
         backend = BACKENDS[self.backend]
-        steps = Steps()
-        begin, start, notes = heuristic_start(problem, budget_bytes, frugal, deadline, steps)
-        solution = within_peak(problem, budget_bytes, start, deadline,
-                               lambda model, objective: backend(model, objective, deadline), steps=steps)
-        solution.stats.update(backend=self.backend, start=begin, **notes)
+        solution = solve_from_start(problem, budget_bytes, frugal, deadline,
+                                    lambda model, objective, start: backend(model, objective, deadline))
+        solution.stats["backend"] = self.backend
         return solution
 
 
 HEURISTIC_SECONDS = 0.5
+ROUNDING_SHARE = 0.25
+NEIGHBOURHOOD_SHARE = 0.15
 BLOCKS_SHARE = 0.5
 BLOCKS_GAP = 0.01  # the tied program only supplies a start: each of its rounds stops within 1%
+CUTOFF_SLACK = 1e-9  # the cutoff row admits the starting plan itself, whatever HiGHS's rounding
 
 
-def heuristic_start(problem: Problem, budget_bytes: int, frugal: Evaluation,
-                    deadline: float, steps: Steps) -> tuple[str, Evaluation, dict]:
-    """The exact solvers' starting plan, which method made it, and notes for ``stats``.
+@dataclass(frozen=True)
+class Start:
+    """The exact solvers' starting plan, the method that made it, the seconds no plan within
+    the budget beats as far as the heuristics proved (0 if nothing), and notes for ``stats``."""
 
-    The fastest of the ``mincut`` and ``greedy`` plans for this budget and the most frugal
-    plan, each of which fits the budget; near the frugal end the greedy capacity search often
-    beats the frugal plan by far in a fraction of a second. Each heuristic gets a tenth of the
-    time left, and at least ``HEURISTIC_SECONDS`` (the search for the frugal plan may have used
+    method: str
+    plan: Evaluation
+    bound: float
+    notes: dict
+
+
+def solve_from_start(problem: Problem, budget_bytes: int, frugal: Evaluation, deadline: float, run) -> Solution:
+    """The exact solvers' shape: :func:`heuristic_start`, then :func:`within_peak` from it with
+    the memory rows the start needed. ``run(model, objective, start)`` solves one program;
+    ``start`` is the starting plan's vector on that model (a hint, or the cutoff's value)."""
+    steps = Steps()
+    start = heuristic_start(problem, budget_bytes, frugal, deadline, steps)
+    solution = within_peak(problem, budget_bytes, start.plan, deadline, run, steps=steps, bound=start.bound)
+    solution.stats.update(start=start.method, **start.notes)
+    return solution
+
+
+def heuristic_start(problem: Problem, budget_bytes: int, frugal: Evaluation, deadline: float, steps: Steps) -> Start:
+    """The fastest of the ``mincut`` and ``greedy`` plans for this budget, the most frugal plan
+    and the plans rounded from the relaxation (:func:`solvers.rounding.round_relaxation`),
+    each of which fits the budget. Near the frugal end the greedy capacity search often beats
+    the frugal plan by far in a fraction of a second, and rounding beats both: the relaxation
+    prices recomputation on the graph. Each heuristic gets a tenth of the time left (rounding a
+    quarter), and at least ``HEURISTIC_SECONDS`` (the search for the frugal plan may have used
     the whole limit), so the solve can overrun its limit by that much.
 
     Then, if the problem repeats a block (:func:`solvers.blocks.find_blocks`: the layers of a
     transformer), the program with every block deciding alike, solved by HiGHS from that start
     for up to ``BLOCKS_SHARE`` of the time left (``"blocks"`` if it wins). Tying makes the
     program a fraction of its size, so at tight budgets it finds in seconds plans the full
-    program does not reach within its limit; the full program then improves on it or proves
-    it optimal, starting with the memory rows the tied program needed (added to ``steps``)."""
+    program does not reach within its limit. The full program then improves on the start or
+    proves it optimal, starting with the memory rows the relaxation and the tied program
+    needed (added to ``steps``)."""
     from solvers.greedy import GreedySolver
     from solvers.mincut import MinCutSolver
 
+    def share(fraction: float) -> float:
+        return max(HEURISTIC_SECONDS, fraction * (deadline - time.monotonic()))
+
     found = [("frugal", frugal)]
     for kind in (MinCutSolver, GreedySolver):
-        share = max(HEURISTIC_SECONDS, 0.1 * (deadline - time.monotonic()))
-        plan = evaluate_names(problem, kind(time_limit=share).solve(problem, budget_bytes).saved)
+        plan = evaluate_names(problem, kind(time_limit=share(0.1)).solve(problem, budget_bytes).saved)
         if plan.peak_bytes <= budget_bytes:
             found.append((kind.name, plan))
+    rounded = round_relaxation(problem, budget_bytes, time.monotonic() + share(ROUNDING_SHARE), steps)
+    if rounded.plan is not None:
+        found.append(("rounding", rounded.plan))
+    notes = {"relaxation": {"bound_seconds": rounded.bound, "rounds": rounded.rounds}, "blocks": None}
     begin, start = min(found, key=lambda named: named[1].seconds)
-    blocks = find_blocks(problem)
-    if blocks is None:
-        return begin, start, {"blocks": None}
-    until = time.monotonic() + BLOCKS_SHARE * max(0.0, deadline - time.monotonic())
-    tied = within_peak(problem, budget_bytes, start, until,
-                       lambda model, objective: solve_highs(model, objective, until, BLOCKS_GAP), blocks=blocks, steps=steps)
-    notes = {"blocks": {"start": blocks.start, "period": blocks.period, "count": blocks.count,
-                        "status": tied.status, "gap_limit": BLOCKS_GAP, "rounds": tied.stats["rounds"]}}
-    plan = evaluate(problem, tied.saved)
-    return ("blocks", plan, notes) if plan.seconds < start.seconds else (begin, start, notes)
+    if rounded.values is not None:
+        near = improve_near(problem, budget_bytes, start, rounded.values, time.monotonic() + share(NEIGHBOURHOOD_SHARE), steps)
+        if near.seconds < start.seconds:
+            begin, start = "neighbourhood", near
+    blocks, gap = find_blocks(problem), relative_gap(start.seconds, rounded.bound)
+    if blocks is not None and (gap is None or gap > BLOCKS_GAP):  # else the tied program cannot help
+        until = time.monotonic() + BLOCKS_SHARE * max(0.0, deadline - time.monotonic())
+        tied = within_peak(problem, budget_bytes, start, until, lambda model, objective, incumbent: solve_highs(
+            model, objective, until, BLOCKS_GAP, cutoff=objective @ incumbent),
+            restrict=lambda build, base: tie_blocks(build, base, blocks), steps=steps)
+        notes["blocks"] = {"start": blocks.start, "period": blocks.period, "count": blocks.count,
+                           "status": tied.status, "gap_limit": BLOCKS_GAP, "rounds": tied.stats["rounds"]}
+        plan = evaluate(problem, tied.saved)
+        if plan.seconds < start.seconds:
+            begin, start = "blocks", plan
+    return Start(begin, start, rounded.bound or 0.0, notes)
 
 
 def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline: float, run,
-                blocks: Blocks | None = None, steps: Steps | None = None) -> Solution:
+                restrict=None, steps: Steps | None = None, bound: float = 0.0) -> Solution:
     """The least-runtime plan whose peak fits, by :func:`solvers.peak_rows.solve_within_peak`.
 
-    ``run(model, objective)`` solves one program and returns an :class:`Answer`. ``start`` is
-    a plan within the budget (:func:`heuristic_start`'s): if the time limit
-    passes before a faster plan within the budget is found, it is returned with status
-    ``feasible``, and ``stats`` says so. A plan that is not proven optimal gets its gap to the
-    best bound any round proved (each round relaxes the full program, so its bound holds).
-    With ``blocks``, the program is the tied restriction (:func:`tie_blocks`), and the status and
-    gap are of that program only. ``steps`` (:class:`solvers.peak_rows.Steps`) carries the
+    ``run(model, objective, start)`` solves one program and returns an :class:`Answer`;
+    ``start`` is the vector of ``start``, a plan within the budget (:func:`heuristic_start`'s):
+    if the time limit passes before a faster plan within the budget is found, it is returned
+    with status ``feasible``, and ``stats`` says so. A plan that is not proven optimal gets its
+    gap to the best bound any round proved (each round relaxes the full program, so its bound
+    holds) or ``bound``, seconds known beforehand to be a bound, whichever is higher.
+    ``restrict(build, base)`` adds rows that restrict the program (:func:`tie_blocks`); the
+    status and gap are then of that program only. ``steps`` (:class:`solvers.peak_rows.Steps`) carries the
     memory rows' steps from one call to the next.
     """
     base, build = build_graph_model(problem)
-    if blocks is not None:
-        tie_blocks(build, base, blocks)
+    if restrict is not None:
+        restrict(build, base)
     objective = tie_broken_objective(base)
-    top = float(np.max(base.runtime, initial=0.0))
-    bounds = [0.0]
+    bounds = [bound]
 
     def solve(model, limit):
         padded = np.pad(objective, (0, model.num_vars - len(objective)))
-        answer = run(model, padded)
-        if answer.x is not None and answer.gap is not None:
-            # The bound of the scaled, tie-broken objective, back in seconds: the tie-break
-            # weighs at most MEMORY_TIE_BREAK in all.
-            bounds.append(max(0.0, float(padded @ answer.x) * (1.0 - answer.gap) - MEMORY_TIE_BREAK) * top)
+        answer = run(model, padded, model.vector(start.saved, start.recomputed))
+        if answer.bound is not None:
+            bounds.append(seconds_bound(answer.bound, base))
         return to_round(problem, model, answer)
 
     result, stats = solve_within_peak(problem, base, build, solve, deadline, limit_bytes=budget_bytes, steps=steps)
@@ -158,20 +193,30 @@ def to_round(problem: Problem, model: GraphModel, answer: "Answer") -> Round:
     return Round(plan, answer.x, answer.optimal, answer.gap)
 
 
-def solve_highs(model: GraphModel, objective: np.ndarray, deadline: float, gap: float = 0.0) -> Answer:
+def solve_highs(model: GraphModel, objective: np.ndarray, deadline: float, gap: float = 0.0,
+                cutoff: float | None = None) -> Answer:
     """HiGHS branch-and-cut through ``scipy.optimize.milp``, to relative gap ``gap`` (optimal
-    means within it)."""
+    means within it). With ``cutoff``, a row keeps the objective at most that (plus
+    ``CUTOFF_SLACK``): HiGHS prunes every branch whose bound passes it, as a known plan of that
+    value would let it (scipy passes it no starting solution)."""
+    rows, lower, upper = model.rows, model.lower, model.upper
+    if cutoff is not None:
+        rows = sp.vstack([rows, sp.csr_matrix(objective)], format="csr")
+        lower, upper = np.append(lower, -np.inf), np.append(upper, cutoff * (1 + CUTOFF_SLACK) + CUTOFF_SLACK)
     result = milp(
         objective,
         integrality=model.integral.astype(int),
         bounds=Bounds(0, 1),
-        constraints=LinearConstraint(model.rows, model.lower, model.upper),
+        constraints=LinearConstraint(rows, lower, upper),
         options={"time_limit": max(0.1, deadline - time.monotonic()), "mip_rel_gap": gap, "disp": False},
     )
+    bound = getattr(result, "mip_dual_bound", None)
+    if not model.integral.any() and result.status == 0:
+        bound = float(result.fun)  # a linear program: its optimum
     if result.x is None:
-        return Answer(None, False, None)
+        return Answer(None, False, None, bound)
     x = np.where(model.integral, np.round(result.x), result.x)
-    return Answer(x, result.status == 0, getattr(result, "mip_gap", None))
+    return Answer(x, result.status == 0, getattr(result, "mip_gap", None), bound)
 
 
 def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answer:
@@ -196,7 +241,8 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
     values = np.array([v.varValue or 0.0 for v in x])
     values = np.where(model.integral, np.round(values), values)
     optimal = lp.sol_status == pulp.LpSolutionOptimal
-    return Answer(values, optimal, None if optimal else relative_gap(float(objective @ values), lp_bound(model, objective)))
+    bound = float(objective @ values) if optimal else lp_bound(model, objective)
+    return Answer(values, optimal, relative_gap(float(objective @ values), bound), bound)
 
 
 def lp_bound(model: GraphModel, objective: np.ndarray) -> float | None:

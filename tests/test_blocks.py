@@ -5,6 +5,7 @@ from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.problem import evaluate
 from solvers import get_solver
 from solvers.blocks import find_blocks
+from solvers.graph_model import tie_blocks
 from solvers.ilp import solve_highs, within_peak
 from tests.synthetic import random_problem, tiled_problem
 
@@ -28,7 +29,8 @@ def test_tied_program_decides_alike_in_every_block_and_fits():
     blocks = find_blocks(problem)
     frugal, fast = min_memory_plan(problem), runtime_optimal_plan(problem)
     budget = (frugal.peak_bytes + fast.peak_bytes) // 2
-    tied = within_peak(problem, budget, frugal, float("inf"), lambda m, o: solve_highs(m, o, float("inf")), blocks=blocks)
+    tied = within_peak(problem, budget, frugal, float("inf"), lambda m, o, s: solve_highs(m, o, float("inf")),
+                       restrict=lambda build, base: tie_blocks(build, base, blocks))
     plan = evaluate(problem, tied.saved)
     assert plan.peak_bytes <= budget
     for i, j in blocks.pairs():

@@ -61,7 +61,7 @@ def test_rows_at_more_steps_change_no_optimum(problem, fraction, data):
     given_forward = data.draw(st.sets(st.integers(0, len(problem) - 1)))
     given_backward = data.draw(st.sets(st.integers(0, problem.schedule.num_steps - 1)))
     steps = Steps(set(given_forward), set(given_backward))
-    found = within_peak(problem, budget, frugal, float("inf"), lambda m, o: solve_highs(m, o, float("inf")), steps=steps)
+    found = within_peak(problem, budget, frugal, float("inf"), lambda m, o, s: solve_highs(m, o, float("inf")), steps=steps)
     best = min((p.seconds for p in plans if p.peak_bytes <= budget))
     assert found.status == Status.OPTIMAL
     assert evaluate(problem, found.saved).seconds == pytest.approx(best, abs=1e-4 * problem.runtime.max() + 1e-12)
