@@ -234,6 +234,8 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
         for sense, rhs in ((pulp.LpConstraintGE, lower), (pulp.LpConstraintLE, upper)):
             if rhs is not None:
                 lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), sense, rhs=rhs))
+    if deadline - time.monotonic() < 1.0:
+        return Answer(None, False, None)  # CBC takes whole seconds, and PuLP writes the program to a file first
     limit = max(1, int(deadline - time.monotonic()))
     lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=1, gapRel=0.0))
     if lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
