@@ -223,6 +223,7 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
     """CBC (bundled with PuLP), to zero relative gap; the gap at a time limit is to the LP bound."""
     import pulp
 
+    began = time.monotonic()
     lp = pulp.LpProblem("activation_checkpointing", pulp.LpMinimize)
     x = [pulp.LpVariable(f"x{k}", 0, 1, cat="Integer" if integral else "Continuous")
          for k, integral in enumerate(model.integral)]
@@ -234,9 +235,11 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
         for sense, rhs in ((pulp.LpConstraintGE, lower), (pulp.LpConstraintLE, upper)):
             if rhs is not None:
                 lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), sense, rhs=rhs))
-    if deadline - time.monotonic() < 1.0:
-        return Answer(None, False, None)  # CBC takes whole seconds, and PuLP writes the program to a file first
-    limit = max(1, int(deadline - time.monotonic()))
+    # PuLP writes the program to a file for CBC, which reads it, and the LP bound is solved after:
+    # about as long again as building it, kept out of CBC's whole seconds.
+    limit = int(deadline - time.monotonic() - (time.monotonic() - began))
+    if limit < 1:
+        return Answer(None, False, None)
     lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=1, gapRel=0.0))
     if lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return Answer(None, False, None)
