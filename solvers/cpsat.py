@@ -60,7 +60,7 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint: np.ndarray,
     the objective; otherwise ``objective`` is scaled to integers.
     """
     built = _to_cp_model(model, peak, deadline)
-    if built is None:
+    if built is None or time.monotonic() > deadline:
         return Answer(None, False, None)  # the time limit passed while building
     cp, x, peak_bytes = built
     if peak_bytes is not None:
