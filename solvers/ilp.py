@@ -27,12 +27,12 @@ __all__ = ["ILPSolver", "BACKENDS", "Start", "lp_bound", "solve_from_start", "so
 
 @dataclass
 class Answer:
-    """A back end's answer: the solution vector (None if none found) and its proof status."""
+    """A back end's answer: the solution vector (None if none found), whether it is proven
+    optimal, and the objective no solution of the program beats (None if none proven)."""
 
     x: np.ndarray | None
     optimal: bool
-    gap: float | None
-    bound: float | None = None  # no solution of the program has a lower objective
+    bound: float | None = None
 
 
 class ILPSolver(Solver):
@@ -195,7 +195,7 @@ def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline
 
 def to_round(problem: Problem, model: GraphModel, answer: "Answer") -> Round:
     plan = evaluate(problem, model.saved_mask(answer.x)) if answer.x is not None else None
-    return Round(plan, answer.x, answer.optimal, answer.gap)
+    return Round(plan, answer.x, answer.optimal)
 
 
 def solve_highs(model: GraphModel, objective: np.ndarray, deadline: float, gap: float = 0.0,
@@ -219,9 +219,9 @@ def solve_highs(model: GraphModel, objective: np.ndarray, deadline: float, gap: 
     if not model.integral.any() and result.status == 0:
         bound = float(result.fun)  # a linear program: its optimum
     if result.x is None:
-        return Answer(None, False, None, bound)
+        return Answer(None, False, bound)
     x = np.where(model.integral, np.round(result.x), result.x)
-    return Answer(x, result.status == 0, getattr(result, "mip_gap", None), bound)
+    return Answer(x, result.status == 0, bound)
 
 
 def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answer:
@@ -235,7 +235,7 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
     lp.setObjective(pulp.LpAffineExpression([(x[k], float(c)) for k, c in enumerate(objective) if c]))
     for r, (cols, coefs, lower, upper) in enumerate(model.constraints()):
         if r % 4096 == 0 and time.monotonic() > deadline:
-            return Answer(None, False, None)  # PuLP builds about 15 µs per nonzero: stop at the limit
+            return Answer(None, False)  # PuLP builds about 15 µs per nonzero: stop at the limit
         terms = [(x[k], float(c)) for k, c in zip(cols, coefs)]
         for sense, rhs in ((pulp.LpConstraintGE, lower), (pulp.LpConstraintLE, upper)):
             if rhs is not None:
@@ -244,15 +244,15 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
     # about as long again as building it, kept out of CBC's whole seconds.
     limit = int(deadline - time.monotonic() - (time.monotonic() - began))
     if limit < 1:
-        return Answer(None, False, None)
+        return Answer(None, False)
     lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=1, gapRel=0.0))
     if lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        return Answer(None, False, None)
+        return Answer(None, False)
     values = np.array([v.varValue or 0.0 for v in x])
     values = np.where(model.integral, np.round(values), values)
     optimal = lp.sol_status == pulp.LpSolutionOptimal
     bound = float(objective @ values) if optimal else lp_bound(model, objective)
-    return Answer(values, optimal, relative_gap(float(objective @ values), bound), bound)
+    return Answer(values, optimal, bound)
 
 
 def lp_bound(model: GraphModel, objective: np.ndarray) -> float | None:

@@ -221,7 +221,6 @@ class Round:
     plan: Evaluation | None
     x: np.ndarray | None
     optimal: bool
-    gap: float | None
 
 
 @dataclass
@@ -280,7 +279,7 @@ def solve_within_peak(
             return result, stats
         if peak_span is None and result.plan.peak_bytes <= allowed and (
                 fitting is None or result.plan.seconds < fitting.plan.seconds):
-            fitting = Round(result.plan, result.x, False, None)
+            fitting = Round(result.plan, result.x, False)
         if time.monotonic() > deadline:
             if peak_span is None and result.plan.peak_bytes > allowed and fitting is not None:
                 stats["answer"] = f"round {rounds} exceeded the budget at the time limit; an earlier round's plan fitted"

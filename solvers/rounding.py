@@ -59,7 +59,7 @@ def round_relaxation(problem: Problem, budget_bytes: int, deadline: float, steps
         relaxed = replace(model, integral=np.zeros_like(model.integral))
         answer = solve_highs(relaxed, np.pad(objective, (0, model.num_vars - len(objective))), deadline)
         if answer.x is None:
-            return Round(None, None, False, None)
+            return Round(None, None, False)
         if answer.bound is not None:
             bounds.append(seconds_bound(answer.bound, base))
         last.append(answer.x[: len(objective)])
@@ -70,7 +70,7 @@ def round_relaxation(problem: Problem, budget_bytes: int, deadline: float, steps
         # used), so each rounding also saves every node that cannot be recomputed: it is a plan.
         plans = {threshold: evaluate(problem, (values > threshold) | must) for threshold in THRESHOLDS}
         fitting.extend(plan for plan in plans.values() if plan.peak_bytes <= budget_bytes)
-        return Round(plans[0.5], answer.x, False, None)
+        return Round(plans[0.5], answer.x, False)
 
     _, stats = solve_within_peak(problem, base, build, solve, deadline, limit_bytes=budget_bytes, steps=steps)
     best = min(fitting, key=lambda plan: plan.seconds, default=None)
