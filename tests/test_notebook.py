@@ -14,6 +14,7 @@ NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "compare_solvers.ipynb"
 def test_compare_solvers_notebook_executes(tmp_path, monkeypatch):
     monkeypatch.setenv("ACPLAN_NB_LAYERS", "1")
     monkeypatch.setenv("ACPLAN_NB_ESTIMATORS", ",".join(ESTIMATORS))
+    monkeypatch.setenv("ACPLAN_NB_TIME_LIMIT", "5")  # ilp runs to its limit at budget 0.0 even at 1 layer
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(NOTEBOOK.parents[1]), os.environ.get("PYTHONPATH", "")]))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
