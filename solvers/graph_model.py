@@ -62,12 +62,16 @@ class GraphModel:
                    float(self.lower[r]) * unit if np.isfinite(self.lower[r]) else None,
                    float(self.upper[r]) * unit if np.isfinite(self.upper[r]) else None)
 
+    def saved_values(self, x: np.ndarray) -> np.ndarray:
+        """Per node, its ``saved`` variable's value in x (0 for nodes without one)."""
+        has = self.saved_var >= 0
+        values = np.zeros(len(self.saved_var))
+        values[has] = x[self.saved_var[has]]
+        return values
+
     def saved_mask(self, x: np.ndarray) -> np.ndarray:
         """Node mask of saved nodes from a (possibly fractional-noise) solution vector."""
-        has = self.saved_var >= 0
-        mask = np.zeros(len(self.saved_var), dtype=bool)
-        mask[has] = x[self.saved_var[has]] > 0.5
-        return mask
+        return self.saved_values(x) > 0.5
 
     def vector(self, saved: np.ndarray, recomputed: np.ndarray) -> np.ndarray:
         """The binary part of the solution vector of a plan given as node masks (warm starts)."""

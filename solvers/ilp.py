@@ -242,7 +242,8 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
                 lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), sense, rhs=rhs))
     # PuLP writes the program to a file for CBC, which reads it, and the LP bound is solved after:
     # about as long again as building it, kept out of CBC's whole seconds.
-    limit = int(deadline - time.monotonic() - (time.monotonic() - began))
+    now = time.monotonic()
+    limit = int(deadline - now - (now - began))
     if limit < 1:
         return Answer(None, False)
     lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=1, gapRel=0.0))

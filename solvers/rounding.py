@@ -63,9 +63,7 @@ def round_relaxation(problem: Problem, budget_bytes: int, deadline: float, steps
         if answer.bound is not None:
             bounds.append(seconds_bound(answer.bound, base))
         last.append(answer.x[: len(objective)])
-        values = np.zeros(len(problem))
-        has = base.saved_var >= 0
-        values[has] = answer.x[base.saved_var[has]]
+        values = base.saved_values(answer.x)
         # Saving a node the backward does not reach costs nothing (evaluate counts what is
         # used), so each rounding also saves every node that cannot be recomputed: it is a plan.
         plans = {threshold: evaluate(problem, (values > threshold) | must) for threshold in THRESHOLDS}
@@ -94,12 +92,9 @@ def improve_near(problem: Problem, budget_bytes: int, plan: Evaluation, values: 
     until ``deadline``; ``plan`` if none is faster. ``steps`` as in :func:`round_relaxation`."""
     from solvers.ilp import solve_highs, within_peak
 
-    base, _ = build_graph_model(problem)
-    current = base.vector(plan.saved, plan.recomputed)[: len(values)]
-    agree = np.flatnonzero(np.abs(values - current) < 1e-6)
-
     def fix(build, base):
-        for k in agree:
+        current = base.vector(plan.saved, plan.recomputed)[: len(values)]
+        for k in np.flatnonzero(np.abs(values - current) < 1e-6):
             build.add_row([int(k)], [1.0], float(current[k]), float(current[k]))
 
     found = within_peak(problem, budget_bytes, plan, deadline, lambda model, objective, start: solve_highs(
