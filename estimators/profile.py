@@ -22,10 +22,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import re
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Container, Sequence
 
@@ -37,17 +35,11 @@ from estimators.base import Estimator
 from estimators.roofline import RooflineEstimator
 from estimators.timing import run_times
 from planner import _torch_compat
+from planner.cache import default_cache_dir, write_json
 from planner.memory import generated
 from planner.ops import aliased_input, first_tensor, is_getitem
 
 __all__ = ["ProfileEstimator", "signature", "default_cache_dir"]
-
-
-def default_cache_dir() -> Path:
-    """``$ACPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/acplanner``, else ``~/.cache/acplanner``."""
-    if os.environ.get("ACPLAN_CACHE_DIR"):
-        return Path(os.environ["ACPLAN_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "acplanner"
 
 
 class ProfileEstimator(Estimator):
@@ -250,7 +242,4 @@ def _merge_into(path: Path, entries: dict[str, float]) -> None:
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         merged = {**_read(path), **entries}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"torch": torch.__version__, "seconds": merged}, f, indent=0, sort_keys=True)
-        os.replace(tmp, path)
+        write_json(path, {"torch": torch.__version__, "seconds": merged}, indent=0)

@@ -12,12 +12,11 @@ that replaces the target in one step, so a crash never leaves half a file.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from planner.cache import write_json
 from planner.decision import Decision
 from planner.errors import PlanFileError
 
@@ -40,17 +39,7 @@ class PlanFile:
 
 def write_plan_file(plan_file: PlanFile, path: str | Path) -> Path:
     """Write atomically (temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(plan_file.to_dict(), f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_json(path, plan_file.to_dict())
 
 
 def read_plan_file(path: str | Path) -> PlanFile:

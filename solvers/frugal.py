@@ -4,19 +4,24 @@ Budget 0 means this plan's peak; every solver refuses a budget below it. A local
 (:mod:`solvers.peak_search`) from the runtime-optimal and the least-saved-bytes plans finds a
 low peak in seconds; then the graph model with memory rows (:mod:`solvers.peak_rows`) and a
 peak variable to minimise, solved by CP-SAT from that plan, lowers it further and proves it
-least when it finishes within the time limit (``optimal``).
+least when it finishes within the time limit (``optimal``). The answer is kept on disk per
+memory model (:func:`min_peak_plan`), so budgets in fractions resolve alike from run to run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 import hashlib
+import json
+from pathlib import Path
 import time
 from typing import Any
+import warnings
 
 import numpy as np
 
 from planner.bounds import min_memory_plan, runtime_optimal_plan
-from planner.problem import Evaluation, Problem, evaluate
+from planner.cache import default_cache_dir, write_json
+from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate
 from solvers.graph_model import build_graph_model
 from solvers.peak_rows import solve_within_peak
 from solvers.peak_search import lower_peak
@@ -40,11 +45,28 @@ def min_peak_plan(problem: Problem, time_limit: float = 60.0) -> FrugalPlan:
     If the time limit passes first, the best plan found is returned with ``optimal=False``;
     the runtime-optimal plan is returned when no plan beats its peak.
 
+    The answer is kept for the process and in a file of :func:`planner.cache.default_cache_dir`
+    (``frugal-<key>.json``, keyed by the problem's memory model), so a fraction budget resolves
+    to the same bytes from run to run and the search runs once per model: a later call reuses
+    it if it is proven least or was searched for at least ``time_limit`` seconds; otherwise it
+    searches again and keeps the lower of the two peaks. ``stats["cache"]`` names a file read.
+
     Complexity: a CP-SAT program per round of added memory rows.
     """
     key = _memory_key(problem)
     if key not in _FOUND:
-        _FOUND[key] = _min_peak_plan(problem, float(time_limit))
+        path = default_cache_dir() / f"frugal-{key[:32]}.json"
+        cached, searched_for = _read_cached(problem, key, path)
+        if cached is not None and (cached.optimal or searched_for >= time_limit):
+            found = cached
+        else:
+            found = _min_peak_plan(problem, float(time_limit))
+            if cached is not None and cached.plan.peak_bytes < found.plan.peak_bytes:
+                found = replace(cached, stats={**cached.stats, "searched_again": found.stats})
+            write_json(path, {"key": key, "saved": np.flatnonzero(found.plan.saved).tolist(),
+                              "peak_bytes": int(found.plan.peak_bytes), "optimal": bool(found.optimal),
+                              "searched_for": max(float(time_limit), searched_for), "seconds": found.seconds})
+        _FOUND[key] = found
     found = _FOUND[key]
     # The same saved set, costed with this problem's runtimes and save costs.
     return replace(found, plan=evaluate(problem, found.plan.saved))
@@ -53,6 +75,28 @@ def min_peak_plan(problem: Problem, time_limit: float = 60.0) -> FrugalPlan:
 # One answer per memory model (the first search's), so every budget and every estimator of a
 # graph share one frugal end. The least peak does not depend on runtimes.
 _FOUND: dict[str, FrugalPlan] = {}
+
+
+def _read_cached(problem: Problem, key: str, path: Path) -> tuple[FrugalPlan | None, float]:
+    """The plan a cache file holds for this memory model, and the seconds it was searched for;
+    ``(None, 0.0)`` if there is no file, or it is unreadable or stale (its plan no longer has
+    the peak it recorded, as after a change to the memory model's code): it is then rewritten."""
+    try:
+        data = json.loads(path.read_text())
+        if data["key"] != key:
+            return None, 0.0
+        saved = np.zeros(len(problem), dtype=bool)
+        saved[np.asarray(data["saved"], dtype=np.int64)] = True
+        plan = evaluate(problem, saved)
+        if plan.peak_bytes != data["peak_bytes"]:
+            return None, 0.0
+        return FrugalPlan(plan, bool(data["optimal"]), float(data["seconds"]), {"cache": str(path)}), float(data["searched_for"])
+    except FileNotFoundError:
+        return None, 0.0
+    except (OSError, ValueError, KeyError, TypeError, IndexError, InfeasibleDecision) as err:
+        warnings.warn(f"ignoring the unreadable frugal-plan cache file {path} ({type(err).__name__}: {err}); "
+                      "searching again and replacing it", stacklevel=3)
+        return None, 0.0
 
 
 def _memory_key(problem: Problem) -> str:
