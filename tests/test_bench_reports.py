@@ -95,3 +95,23 @@ def test_each_benchmark_point_keeps_its_own_compiled_graph():
         torch.testing.assert_close(first(x), base(x))
         second(x)
     assert len(compiled) == 2 and ran == [0, 1, 0, 1]
+
+
+def test_solver_bench_solves_the_same_budgets_in_a_later_run(tmp_path, monkeypatch, capsys):
+    from bench import solvers as bench_solvers
+    from solvers import frugal
+
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    runs = []
+    for run in range(2):
+        monkeypatch.setattr(frugal, "_FOUND", {})  # a new process: only the disk remembers
+        out = tmp_path / f"run{run}.json"
+        bench_solvers.main(["--layers", "1", "--budgets", "0.5", "--methods", "greedy", "--time-limit", "5",
+                            "--out", str(out)])
+        runs.append(json.loads(out.read_text())["rows"])
+    printed = capsys.readouterr().out
+    (first,), (second,) = runs
+    assert first["frugal_cache"] is None and second["frugal_cache"] is not None
+    assert second["frugal_cache"] in printed and "searched in this run" in printed
+    assert second["budget_bytes"] == first["budget_bytes"] and second["frugal_peak_bytes"] == first["frugal_peak_bytes"]
+    assert first["method"] == "greedy" and first["objective"] > 0
