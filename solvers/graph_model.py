@@ -14,7 +14,7 @@ translates it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -61,6 +61,10 @@ class GraphModel:
             yield (rows.indices[lo:hi], rows.data[lo:hi] * unit,
                    float(self.lower[r]) * unit if np.isfinite(self.lower[r]) else None,
                    float(self.upper[r]) * unit if np.isfinite(self.upper[r]) else None)
+
+    def relaxed(self) -> "GraphModel":
+        """The linear relaxation: the same rows, every variable continuous in [0, 1]."""
+        return replace(self, integral=np.zeros_like(self.integral))
 
     def saved_values(self, x: np.ndarray) -> np.ndarray:
         """Per node, its ``saved`` variable's value in x (0 for nodes without one)."""

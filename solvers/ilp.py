@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.optimize import Bounds, LinearConstraint, milp
 
 from planner.decision import Status
 from planner.errors import ConfigError
@@ -259,18 +259,13 @@ def solve_cbc(model: GraphModel, objective: np.ndarray, deadline: float) -> Answ
     if optimal:
         bound = float(objective @ values)
     else:  # the relaxation of these rows, unless the limit has passed (the start's bound stands)
-        bound = lp_bound(model, objective) if time.monotonic() < deadline else None
+        bound = lp_bound(model, objective, deadline) if time.monotonic() < deadline else None
     return Answer(values, optimal, bound)
 
 
-def lp_bound(model: GraphModel, objective: np.ndarray) -> float | None:
-    """Optimum of the LP relaxation: no 0/1 plan does better."""
-    rows = model.rows
-    finite_lo, finite_hi = np.isfinite(model.lower), np.isfinite(model.upper)
-    a_ub = sp.vstack([-rows[finite_lo], rows[finite_hi]], format="csr")
-    b_ub = np.concatenate([-model.lower[finite_lo], model.upper[finite_hi]])
-    result = linprog(objective, A_ub=a_ub, b_ub=b_ub, bounds=(0, 1), method="highs")
-    return float(result.fun) if result.status == 0 else None
+def lp_bound(model: GraphModel, objective: np.ndarray, deadline: float) -> float | None:
+    """Optimum of the LP relaxation (HiGHS, until ``deadline``): no 0/1 plan does better."""
+    return solve_highs(model.relaxed(), objective, deadline).bound
 
 
 BACKENDS = {"highs": solve_highs, "cbc": solve_cbc}

@@ -15,7 +15,7 @@ a few hundred variables stay free, and HiGHS solves it in a second, at 48 layers
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,8 +56,7 @@ def round_relaxation(problem: Problem, budget_bytes: int, deadline: float, steps
     must = _must_save(problem)
 
     def solve(model, limit) -> Round:
-        relaxed = replace(model, integral=np.zeros_like(model.integral))
-        answer = solve_highs(relaxed, np.pad(objective, (0, model.num_vars - len(objective))), deadline)
+        answer = solve_highs(model.relaxed(), np.pad(objective, (0, model.num_vars - len(objective))), deadline)
         if answer.x is None:
             return Round(None, None, False)
         if answer.bound is not None:
