@@ -1,13 +1,11 @@
 """The GPU workloads the benchmarks share, built on CUDA in bf16."""
 from __future__ import annotations
 
-import itertools
-import types
-
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from planner.frames import own_frame
 from planner.models import GPTConfig, gpt_example, resnet_example
 
 __all__ = ["WORKLOADS", "checkpoint_blocks", "own_frame"]
@@ -51,30 +49,3 @@ def checkpoint_blocks(model: nn.Module) -> nn.Module:
     for i, block in enumerate(model.blocks):
         model.blocks[i] = _Checkpointed(block)
     return model
-
-
-def _forward(self, *args):
-    return self.inner(*args)
-
-
-_frames = itertools.count()
-
-
-class _Framed(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.inner = model
-
-
-def own_frame(model: nn.Module) -> nn.Module:
-    """``model`` behind a ``forward`` with a code object of its own.
-
-    torch.compile keeps its compiled graphs per code object, guarded on shapes and dtypes, not on
-    how they were compiled: two copies of one model compiled at two budgets would share the
-    first graph. Behind its own frame each benchmark point keeps its own graph, so many points
-    stay compiled side by side and can be timed again without ``torch._dynamo.reset()``.
-    """
-    name = f"point_{next(_frames)}"
-    code = _forward.__code__.replace(co_name=name)
-    cls = type(name, (_Framed,), {"forward": types.FunctionType(code, _forward.__globals__, name)})
-    return cls(model)

@@ -18,6 +18,10 @@ class Estimator(ABC):
 
     name: ClassVar[str]
 
+    def __str__(self) -> str:
+        """The name reports give this estimator (``auto`` adds the one it chose)."""
+        return self.name
+
     def prepare(self, nodes: Sequence[fx.Node]) -> None:
         """Called once with every node about to be estimated (the profiler measures them here)."""
 

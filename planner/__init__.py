@@ -18,6 +18,8 @@ _EXPORTS = {
     "Prediction": "planner.api",
     "capture": "planner.tracing",
     "backend": "planner.compiler",
+    "compile": "planner.compiler",
+    "own_frame": "planner.frames",
     "PlannerBackend": "planner.compiler",
     "PlannerConfig": "planner.config",
     "Budget": "planner.budget",

@@ -16,6 +16,7 @@ from planner.tracing import as_inputs, capture
 from planner.config import PlannerConfig
 from planner.decision import Decision
 from planner.errors import PlanFileError
+from planner.frames import own_frame
 from planner.plan_file import PlanFile, read_plan_file, write_plan_file
 from planner.problem import evaluate_names
 from planner.units import format_bytes
@@ -52,7 +53,7 @@ class Plan:
         self.config = config
         self.graph_plan = graph_plan
         self.backend = PlannerBackend(config, fixed=graph_plan)
-        self.module = torch.compile(model, backend=self.backend, fullgraph=True, dynamic=False)
+        self.module = torch.compile(own_frame(model), backend=self.backend, fullgraph=True, dynamic=False)
 
     @property
     def decision(self) -> Decision:
@@ -92,7 +93,7 @@ class Plan:
         gap = "n/a" if d.gap is None else f"{d.gap:.2%}"
         rows = [
             ("solver", f"{d.solver} ({d.status}, gap {gap})"),
-            ("estimator", self.config.estimator),
+            ("estimator", self.graph_plan.estimator),
             ("budget", f"{self.config.budget} -> {format_bytes(d.budget_bytes)}"),
             ("predicted peak", format_bytes(p.peak_bytes)),
             ("saved activations", f"{format_bytes(p.saved_bytes)} ({len(d.saved)} tensors)"),

@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--budgets", nargs="+", default=["1.0", "0.5", "0.2", "0.0"], help="budgets (default 1 0.5 0.2 0)")
     c.add_argument("--solvers", nargs="+", default=available_solvers(), choices=available_solvers(), metavar="SOLVER",
                    help=f"solvers (default all: {', '.join(available_solvers())})")
-    c.add_argument("--estimators", nargs="+", default=["flops"], choices=available_estimators(), metavar="ESTIMATOR",
+    c.add_argument("--estimators", nargs="+", default=["auto"], choices=available_estimators(), metavar="ESTIMATOR",
                    help=f"estimators (default flops; available: {', '.join(available_estimators())})")
     c.add_argument("--out-dir", default="acplan-out", help="where compare.md and pareto.png go (default acplan-out)")
     c.set_defaults(run=cmd_compare)

@@ -21,7 +21,7 @@ def sweep(
     example_inputs: Any,
     budgets: Iterable[float | int | str],
     solvers: Iterable[str],
-    estimators: Iterable[str] = ("flops",),
+    estimators: Iterable[str] = ("auto",),
     config: PlannerConfig | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:

@@ -5,7 +5,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 import torch.fx as fx
+import torch.nn as nn
 
 from estimators import get_estimator
 from planner.build import build_problem, estimate_step_seconds
@@ -14,12 +16,13 @@ from planner.config import PlannerConfig
 from planner.decision import Decision
 from planner.emit import emit
 from planner.errors import PlanFileError
+from planner.frames import own_frame
 from planner.graph import JointGraph
 from planner.memory import Timeline, simulate
 from planner.problem import InfeasibleDecision, Problem, evaluate_names
 from solvers import get_solver
 
-__all__ = ["backend", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
+__all__ = ["backend", "compile", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class GraphPlan:
     decision: Decision
     step_seconds: float  # estimated runtime of the step without recomputation
     plan_seconds: float  # problem building and solving, wall time
+    estimator: str  # the estimator that priced the graph, as reports name it
 
 
 def solve_graph(joint: JointGraph, config: PlannerConfig) -> GraphPlan:
@@ -68,7 +72,8 @@ def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Prob
     estimator = get_estimator(config.estimator, **config.estimator_options)
     problem = build_problem(joint, estimator, fuse=config.codegen == "inductor")
     decision = decide(problem)
-    return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator), time.perf_counter() - start)
+    return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator),
+                     time.perf_counter() - start, str(estimator))
 
 
 class PlannerBackend:
@@ -112,6 +117,23 @@ def backend(config: PlannerConfig | None = None, **overrides: Any) -> PlannerBac
     """A backend for ``torch.compile(model, backend=planner.backend(memory_budget=0.5))``.
 
     Graph breaks are allowed: each graph is planned on its own, with the same budget fraction.
+    torch.compile keeps compiled graphs per class of model, and after ``recompile_limit`` (8)
+    compiles of one class with other backends it runs that class eagerly, unplanned;
+    :func:`compile` does not share that limit.
     """
     config = (config or PlannerConfig()).replace(**overrides)
     return PlannerBackend(config)
+
+
+def compile(model: nn.Module, config: PlannerConfig | None = None, **overrides: Any) -> nn.Module:
+    """``torch.compile(model)`` with a new planner backend: the module trains like ``model``.
+
+    The model is compiled behind a frame of its own (:func:`planner.frames.own_frame`), so its
+    graphs depend on no earlier compile in the process, however many instances of its class were
+    compiled before. ``planner_backend`` on the returned module is the backend, whose ``graphs``
+    and ``timelines`` describe each planned graph once the first call has compiled them.
+    """
+    planned = backend(config, **overrides)
+    compiled = torch.compile(own_frame(model), backend=planned)
+    compiled.planner_backend = planned
+    return compiled

@@ -22,7 +22,8 @@ class PlannerConfig:
     memory_budget : fraction in [0, 1] (0 = most memory-frugal plan, 1 = runtime-optimal plan),
         a size such as ``"1.5GiB"``, or an int of bytes, for activations kept for the backward.
     solver : name of a registered solver (see ``solvers.available_solvers()``).
-    estimator : name of a registered estimator (see ``estimators.available_estimators()``).
+    estimator : name of a registered estimator (see ``estimators.available_estimators()``); the
+        default ``auto`` prices graphs on CUDA with ``roofline`` and others with ``flops``.
     time_limit : seconds a solver may spend on one graph.
     codegen : ``"inductor"`` (compiled kernels) or ``"eager"`` (op by op, for debugging).
     solver_options, estimator_options : extra keyword arguments for the solver / estimator.
@@ -30,7 +31,7 @@ class PlannerConfig:
 
     memory_budget: float | int | str = 1.0
     solver: str = "cpsat"
-    estimator: str = "flops"
+    estimator: str = "auto"
     time_limit: float = 60.0
     codegen: str = "inductor"
     solver_options: dict[str, Any] = field(default_factory=dict)

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
     parser.add_argument("--codegen", choices=("eager", "inductor"), default="eager",
                         help="how the planned graphs run (default eager: fast to compile on CPU)")
-    parser.add_argument("--estimator", default="flops", help="runtime estimator (default flops)")
+    parser.add_argument("--estimator", default="auto", help="runtime estimator (default auto: roofline on CUDA, flops elsewhere)")
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per solve (default 10)")
     args = parser.parse_args(argv)
 

@@ -8,6 +8,7 @@ import torch.nn as nn
 
 from planner import _torch_compat
 from planner.errors import CaptureError
+from planner.frames import own_frame
 from planner.graph import JointGraph
 
 __all__ = ["capture", "as_inputs", "make_backend", "CODEGENS"]
@@ -76,7 +77,8 @@ def capture(model: nn.Module, example_inputs: Any, codegen: str = "eager") -> Jo
     def grab(joint, joint_inputs, *, num_fwd_outputs, **_):
         raise _Captured(JointGraph(joint, num_fwd_outputs, list(joint_inputs)))
 
-    compiled = torch.compile(model, backend=make_backend(grab, codegen), fullgraph=True, dynamic=False)
+    target = own_frame(model) if isinstance(model, nn.Module) else model
+    compiled = torch.compile(target, backend=make_backend(grab, codegen), fullgraph=True, dynamic=False)
     try:
         compiled(*inputs)
     except Exception as err:  # dynamo wraps what the backend raises

@@ -26,7 +26,7 @@ BYTES = 64 * 32 * 4  # one [64, 32] float32 tensor
 
 
 def test_every_estimator_is_selectable_by_name():
-    assert available_estimators() == ["constant", "flops", "profile", "roofline"]
+    assert available_estimators() == ["auto", "constant", "flops", "profile", "roofline"]
     for name in available_estimators():
         assert get_estimator(name).name == name
 
@@ -274,3 +274,35 @@ def test_measurements_run_on_real_tensors_inside_torch_compiles_fake_mode(monkey
         roofline_module.measure_rates("cpu")
     assert est.measured == 1 and len(outputs) == 4  # the product, then the three calibration probes
     assert not any(isinstance(out, FakeTensor) for out in outputs)
+
+
+def _fake_cuda_nodes():
+    """Nodes whose values are CUDA tensors, traced with fake tensors (no GPU needed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = [torch.empty(64, 32, device="cuda"), torch.empty(64, 32, device="cuda"), torch.empty(32, 16, device="cuda")]
+    return _nodes(_chain, *args)
+
+
+def test_auto_prices_cpu_graphs_with_flops_and_cuda_graphs_with_its_gpu_model():
+    cpu = _nodes(_chain, X, Y, W)
+    auto, flops = get_estimator("auto"), get_estimator("flops")
+    auto.prepare(list(cpu.values()))
+    assert str(auto) == "auto (flops)"
+    assert [auto.runtime(n) for n in cpu.values()] == [flops.runtime(n) for n in cpu.values()]
+    cuda = _fake_cuda_nodes()
+    assert next(iter(cuda.values())).meta["val"].device.type == "cuda"
+    on_gpu = get_estimator("auto", cuda="constant", seconds=2.0)  # the GPU model's options pass through
+    on_gpu.prepare(list(cuda.values()))
+    assert str(on_gpu) == "auto (constant)" and on_gpu.runtime(cuda["mm"]) == 2.0
+    assert get_estimator("auto").by_device == {"cuda": "roofline", "other": "flops"}
+
+
+def test_auto_refuses_an_unknown_or_recursive_choice():
+    from planner.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError, match="magic"):
+        get_estimator("auto", cuda="magic")
+    with pytest.raises(UnknownNameError, match="auto"):
+        get_estimator("auto", other="auto")

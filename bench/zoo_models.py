@@ -1,0 +1,125 @@
+"""Models from transformers and timm (``pip install .[zoo]``), randomly initialised, as a
+training step that returns the loss: ``build(name, size) -> (model, batch)``.
+
+``size="bench"`` is what ``bench/zoo.py`` measures on one GPU; ``size="tiny"`` is the same
+architecture small enough for the CPU tests. Each model also knows how its library turns on its
+own gradient checkpointing (:func:`library_checkpointing`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["MODELS", "build", "library_checkpointing"]
+
+
+class _CausalLM(nn.Module):
+    """A transformers language model as ``(input_ids, labels) -> loss``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=labels, use_cache=False).loss
+
+
+class _Classifier(nn.Module):
+    """A timm image model as ``(images, labels) -> cross-entropy loss``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.model(images).float(), labels)
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """How to build one model at each size: ``make(size) -> (model, batch)``, and its library."""
+
+    make: Callable[[str], tuple[nn.Module, tuple]]
+    library: str  # "transformers" or "timm"
+    description: str
+
+
+def _tokens(batch: int, seq: int, vocab: int) -> tuple:
+    ids = torch.randint(0, vocab, (batch, seq))
+    return ids, ids.clone()
+
+
+def _gpt2(size: str):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    layers, d, heads, seq, batch, vocab = (6, 768, 12, 1024, 8, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = GPT2Config(n_layer=layers, n_embd=d, n_head=heads, n_positions=seq, vocab_size=vocab,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return _CausalLM(GPT2LMHeadModel(cfg)), _tokens(batch, seq, vocab)
+
+
+def _llama(size: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    layers, d, heads, kv, ffn, seq, batch, vocab = ((6, 1024, 16, 8, 2816, 2048, 4, 8192) if size == "bench"
+                                                    else (2, 64, 4, 2, 128, 32, 2, 128))
+    cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                      intermediate_size=ffn, max_position_embeddings=seq, vocab_size=vocab)
+    return _CausalLM(LlamaForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _bert(size: str):
+    from transformers import BertConfig, BertForMaskedLM
+
+    layers, d, heads, seq, batch, vocab = (6, 768, 12, 512, 16, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = BertConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=4 * d,
+                     max_position_embeddings=seq, vocab_size=vocab, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    return _CausalLM(BertForMaskedLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _timm(arch: str, bench_batch: int, tiny: dict):
+    def make(size: str):
+        import timm
+
+        kwargs = {} if size == "bench" else tiny
+        model = timm.create_model(arch, num_classes=1000 if size == "bench" else 10, **kwargs)
+        batch, image = (bench_batch, 224) if size == "bench" else (2, tiny.get("img_size", 32))
+        classes = 1000 if size == "bench" else 10
+        return _Classifier(model), (torch.randn(batch, 3, image, image), torch.randint(0, classes, (batch,)))
+    return make
+
+
+MODELS: dict[str, ZooModel] = {
+    "gpt2": ZooModel(_gpt2, "transformers", "GPT2LMHeadModel, 6 layers, d 768, seq 1024, batch 8, vocab 8192"),
+    "llama": ZooModel(_llama, "transformers",
+                      "LlamaForCausalLM, 6 layers, d 1024, 16 heads / 8 kv, ffn 2816, seq 2048, batch 4, vocab 8192"),
+    "bert": ZooModel(_bert, "transformers", "BertForMaskedLM, 6 layers, d 768, seq 512, batch 16, vocab 8192"),
+    "vit": ZooModel(_timm("vit_base_patch16_224", 64, {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2,
+                                                       "num_heads": 4}),
+                    "timm", "vit_base_patch16_224, batch 64"),
+    "resnet50": ZooModel(_timm("resnet50", 128, {"layers": [1, 1, 1, 1]}), "timm", "resnet50, batch 128"),
+}
+
+
+def build(name: str, size: str = "bench", device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[nn.Module, tuple]:
+    """A zoo model in training mode and a batch for it, on ``device`` in ``dtype``."""
+    torch.manual_seed(0)
+    model, batch = MODELS[name].make(size)
+    model = model.to(device=device, dtype=dtype).train()
+    batch = tuple(x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device) for x in batch)
+    return model, batch
+
+
+def library_checkpointing(name: str, model: nn.Module) -> nn.Module:
+    """``model`` with its library's own gradient checkpointing turned on (in place)."""
+    inner = model.model
+    if MODELS[name].library == "transformers":
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        inner.set_grad_checkpointing(True)
+    return model
