@@ -20,6 +20,7 @@ __all__ = [
     "inductor_layout_opt",
     "has_custom_partitioner_hook",
     "pytorch_knapsack_solvers",
+    "pytorch_partition",
     "mutated_primals",
     "gpu_spin",
     "real_tensors",
@@ -82,7 +83,8 @@ def has_custom_partitioner_hook() -> bool:
     return hasattr(inductor_config, "custom_partitioner_fn")
 
 
-def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Callable) -> Callable:
+def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Callable,
+                     options: dict[str, Any] | None = None) -> Callable:
     """Compile a dynamo graph with inductor, using ``partition_fn`` to split the joint graph.
 
     Uses inductor's custom partitioner hook, so inductor's joint-graph passes run before the
@@ -97,6 +99,13 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     layer's attention backward and recomputation (on an H100, 1.333 GiB measured against
     0.916 GiB freed at last use). Freed at last use, the caching allocator hands the block to
     the next allocation of its size instead.
+
+    ``options`` are inductor config settings applied over these (``PlannerConfig.inductor_options``).
+
+    Raises
+    ------
+    ConfigError
+        If ``options`` names a setting this inductor does not have.
     """
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
@@ -113,6 +122,12 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     patches = {"custom_partitioner_fn": _Partitioner(), "fx_graph_cache": False, "allow_buffer_reuse": False}
     if hasattr(inductor_config, "reorder_for_peak_memory"):
         patches["reorder_for_peak_memory"] = False
+    unknown = sorted(k for k in options or {} if not hasattr(inductor_config, k))
+    if unknown:
+        from planner.errors import ConfigError
+
+        raise ConfigError(f"inductor_options: inductor has no setting {', '.join(unknown)}; see torch._inductor.config")
+    patches.update(options or {})
     # config_patches, unlike a patch around the call, also covers a backward compiled lazily
     return compile_fx(gm, example_inputs, config_patches=patches)
 
@@ -127,6 +142,14 @@ def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
 
     module = SimpleNamespace(graph=SimpleNamespace(nodes=list(nodes)))
     return bool(GraphLowering.decide_layout_opt(module, is_inference=False))
+
+
+def pytorch_partition() -> Callable:
+    """PyTorch's own partitioner (``min_cut_rematerialization_partition``), called as inductor
+    calls it: for benchmarks that compile PyTorch's split through the planner's settings."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return min_cut_rematerialization_partition
 
 
 def pytorch_knapsack_solvers() -> dict[str, Callable]:

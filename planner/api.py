@@ -142,7 +142,7 @@ def plan(
         If ``plan_file`` is malformed, or was made for another graph or other settings.
     """
     config = (config or PlannerConfig()).replace(memory_budget=memory_budget, solver=solver, estimator=estimator)
-    joint = capture(model, as_inputs(example_inputs), codegen=config.codegen)
+    joint = capture(model, as_inputs(example_inputs), codegen=config.codegen, inductor_options=config.inductor_options)
     if plan_file is not None and Path(plan_file).exists():
         stored = read_plan_file(plan_file)
         if stored.fingerprint != joint.fingerprint:

@@ -55,14 +55,17 @@ class Budget:
         raise ConfigError(_HELP.format(value=repr(value)))
 
     def resolve(self, problem: Problem, time_limit: float = 60.0) -> int:
-        """The peak budget in bytes for this problem; a fraction needs the most frugal plan,
-        found exactly within ``time_limit`` seconds."""
+        """The peak budget in bytes for this problem; a fraction below 1 needs the most frugal
+        plan, found exactly within ``time_limit`` seconds (1.0 is the runtime-optimal plan's
+        peak, which needs no search)."""
         if self.nbytes is not None:
             return self.nbytes
+        hi = runtime_optimal_plan(problem).peak_bytes
+        if self.fraction == 1.0:
+            return hi
         from solvers.frugal import min_peak_plan  # solvers build on planner, not the reverse
 
         lo = min_peak_plan(problem, time_limit).plan.peak_bytes
-        hi = runtime_optimal_plan(problem).peak_bytes
         return lo + int((hi - lo) * self.fraction)
 
     def __str__(self) -> str:

@@ -37,12 +37,20 @@ class GraphPlan:
     estimator: str  # the estimator that priced the graph, as reports name it
 
 
-def solve_graph(joint: JointGraph, config: PlannerConfig) -> GraphPlan:
-    """Estimate, build the problem, resolve the budget and solve, for one joint graph."""
+def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0) -> GraphPlan:
+    """Estimate, build the problem, resolve the budget and solve, for one joint graph.
+
+    ``held_bytes`` are kept alive while this graph runs by graphs that ran before it in the
+    step (their saved values and outputs): an absolute budget bounds the step's peak, so this
+    graph gets what they leave of it. A fraction is of this graph's own range.
+    """
 
     def solve(problem: Problem) -> Decision:
         solver = get_solver(config.solver, time_limit=config.time_limit, **config.solver_options)
-        return solver.solve(problem, config.budget.resolve(problem, config.time_limit))
+        budget = config.budget.resolve(problem, config.time_limit)
+        if config.budget.nbytes is not None:
+            budget = max(0, budget - held_bytes)
+        return solver.solve(problem, budget)
 
     return _plan_graph(joint, config, solve)
 
@@ -89,13 +97,13 @@ class PlannerBackend:
         self.fixed = fixed
         self.graphs: list[GraphPlan] = []
         self.timelines: list[Timeline] = []
-        self._compile: Callable = make_backend(self.partition, config.codegen)
+        self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_options)
 
     def partition(self, joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **_: Any):
         """AOTAutograd partition function: plan the joint graph and split it accordingly."""
         joint = JointGraph(joint_module, num_fwd_outputs, list(joint_inputs))
         if self.fixed is None:
-            graph_plan = solve_graph(joint, self.config)
+            graph_plan = solve_graph(joint, self.config, self.held_bytes)
         elif joint.fingerprint == self.fixed.fingerprint:
             graph_plan = self.fixed
         else:
@@ -109,6 +117,23 @@ class PlannerBackend:
         self.timelines.append(simulate(forward, backward, num_fwd_outputs, fuse=self.config.codegen == "inductor"))
         return forward, backward
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the graphs planned so far keep alive once their forwards ran (saved values and
+        outputs): the graphs of one step run their forwards in compile order, then their
+        backwards in reverse, so a later graph runs while these are held."""
+        return sum(t.held_after_forward for t in self.timelines)
+
+    @property
+    def predicted_step_peak(self) -> int:
+        """Predicted peak activation memory of the step, over every graph planned so far:
+        the largest of each graph's simulated peak plus what the graphs before it hold."""
+        held = peak = 0
+        for timeline in self.timelines:
+            peak = max(peak, held + timeline.peak)
+            held += timeline.held_after_forward
+        return peak
+
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
         return self._compile(gm, example_inputs)
 
@@ -116,8 +141,9 @@ class PlannerBackend:
 def backend(config: PlannerConfig | None = None, **overrides: Any) -> PlannerBackend:
     """A backend for ``torch.compile(model, backend=planner.backend(memory_budget=0.5))``.
 
-    Graph breaks are allowed: each graph is planned on its own, with the same budget fraction.
-    torch.compile keeps compiled graphs per class of model, and after ``recompile_limit`` (8)
+    Graph breaks are allowed. A fraction applies to each graph's own range; an absolute budget
+    bounds the step's peak, each graph getting what the graphs before it in the step leave of it
+    (``predicted_step_peak`` is the step's predicted peak). torch.compile keeps compiled graphs per class of model, and after ``recompile_limit`` (8)
     compiles of one class with other backends it runs that class eagerly, unplanned;
     :func:`compile` does not share that limit.
     """

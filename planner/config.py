@@ -27,6 +27,9 @@ class PlannerConfig:
     time_limit : seconds a solver may spend on one graph.
     codegen : ``"inductor"`` (compiled kernels) or ``"eager"`` (op by op, for debugging).
     solver_options, estimator_options : extra keyword arguments for the solver / estimator.
+    inductor_options : inductor config settings for planned graphs, over the planner's own
+        (``allow_buffer_reuse`` and ``reorder_for_peak_memory`` off: see
+        :func:`planner._torch_compat.inductor_compile`); ``codegen="inductor"`` only.
     """
 
     memory_budget: float | int | str = 1.0
@@ -36,6 +39,7 @@ class PlannerConfig:
     codegen: str = "inductor"
     solver_options: dict[str, Any] = field(default_factory=dict)
     estimator_options: dict[str, Any] = field(default_factory=dict)
+    inductor_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from estimators import available_estimators
@@ -47,7 +51,7 @@ class PlannerConfig:
         _check_choice("codegen", self.codegen, list(CODEGENS))
         if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or not self.time_limit > 0:
             raise ConfigError(f"time_limit={self.time_limit!r} is invalid; give a positive number of seconds")
-        for name in ("solver_options", "estimator_options"):
+        for name in ("solver_options", "estimator_options", "inductor_options"):
             if not isinstance(getattr(self, name), dict):
                 raise ConfigError(f"{name} must be a table/mapping of keyword arguments, got {getattr(self, name)!r}")
 

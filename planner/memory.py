@@ -63,6 +63,12 @@ class Timeline:
         return max((b for _, _, b in self.steps), default=0)
 
     @property
+    def held_after_forward(self) -> int:
+        """Bytes alive when the forward ends: what the graph keeps for its backward, with its
+        outputs, while the graphs after it in the step run."""
+        return next((b for phase, _, b in reversed(self.steps) if phase == "forward"), 0)
+
+    @property
     def peak_step(self) -> tuple[str, str, int] | None:
         return max(self.steps, key=lambda s: s[2], default=None)
 

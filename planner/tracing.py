@@ -36,16 +36,18 @@ def as_inputs(example_inputs: Any) -> tuple:
     )
 
 
-def make_backend(partition_fn: Callable, codegen: str) -> Callable:
+def make_backend(partition_fn: Callable, codegen: str, inductor_options: dict[str, Any] | None = None) -> Callable:
     """A torch.compile backend whose joint graphs are split by ``partition_fn``.
 
     ``codegen="eager"`` runs the split graphs op by op (like aot_eager); ``"inductor"`` compiles
-    them with inductor, through its custom partitioner hook.
+    them with inductor, through its custom partitioner hook, with ``inductor_options`` over the
+    planner's inductor settings.
     """
     if codegen == "eager":
         return _torch_compat.aot_autograd(fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition_fn)
     if codegen == "inductor":
-        return lambda gm, example_inputs: _torch_compat.inductor_compile(gm, example_inputs, partition_fn)
+        options = dict(inductor_options or {})
+        return lambda gm, example_inputs: _torch_compat.inductor_compile(gm, example_inputs, partition_fn, options)
     raise ValueError(f"codegen must be one of {CODEGENS}, got {codegen!r}")
 
 
@@ -55,12 +57,13 @@ def _identity(gm, example_inputs):
     return make_boxed_func(gm)
 
 
-def capture(model: nn.Module, example_inputs: Any, codegen: str = "eager") -> JointGraph:
+def capture(model: nn.Module, example_inputs: Any, codegen: str = "eager",
+            inductor_options: dict[str, Any] | None = None) -> JointGraph:
     """The joint forward+backward graph of one training step of ``model``.
 
     The model is traced with fake tensors (nothing is run for real, so BatchNorm statistics and
     the RNG are untouched). ``codegen`` must match how the plan will run, since inductor rewrites
-    the joint graph before partitioning it.
+    the joint graph before partitioning it (with ``inductor_options`` set as the plan will be).
 
     Raises
     ------
@@ -78,7 +81,7 @@ def capture(model: nn.Module, example_inputs: Any, codegen: str = "eager") -> Jo
         raise _Captured(JointGraph(joint, num_fwd_outputs, list(joint_inputs)))
 
     target = own_frame(model) if isinstance(model, nn.Module) else model
-    compiled = torch.compile(target, backend=make_backend(grab, codegen), fullgraph=True, dynamic=False)
+    compiled = torch.compile(target, backend=make_backend(grab, codegen, inductor_options), fullgraph=True, dynamic=False)
     try:
         compiled(*inputs)
     except Exception as err:  # dynamo wraps what the backend raises

@@ -1,0 +1,211 @@
+"""Real models at default settings: transformers and timm models against torch.compile.
+
+Per model (``bench/zoo_models.py``), in one process on one GPU, bf16: eager; the library's own
+gradient checkpointing (eager); ``torch.compile`` at PyTorch's ``activation_memory_budget``
+values (``--torch-budgets``); and the planner at its defaults (``planner.compile`` with only
+``memory_budget`` set) at ``--budgets`` and at each torch.compile point's measured peak given as
+an absolute budget. Every point stays compiled and all are timed again in ``--rounds``
+interleaved rounds at the end (as ``bench/pareto.py`` does); ``step_ms`` is the median of those
+steps, ``spread_ms`` half the range of the two eager timings (first and last point's round),
+the run's noise.
+
+Per planner point: measured peak activation memory, the predicted peak of the step (every graph
+the model compiled into, :attr:`planner.compiler.PlannerBackend.predicted_step_peak`), the
+number of graphs, the estimator that ran, plan seconds and the solvers' status.
+
+Writes ``<out>.json`` and ``<out>.md`` (a table per model and the issue's targets).
+
+    python -m bench.zoo [--models gpt2 llama vit resnet50] [--budgets 1 0.5 0.2 0]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from pathlib import Path
+
+from bench import save_rows
+
+RESULTS = Path(__file__).parent / "results"
+GIB = 2**30
+TORCH_BUDGETS = [1.0, 0.5, 0.2, 0.0]
+BUDGETS = [1.0, 0.5, 0.2, 0.0]
+
+
+def run_model(name: str, args, rows: list[dict], save) -> None:
+    """Measure every method on one model, appending rows (timed again together at the end)."""
+    import torch
+
+    import planner
+    from bench.gpu_step import measure, retime
+    from bench.zoo_models import build, library_checkpointing
+    from planner.errors import PlannerError
+
+    base, batch = build(name, "bench", device="cuda", dtype=torch.bfloat16)
+    kept: list = []
+    mine: list[dict] = []
+
+    def record(row: dict, run, model, details=dict) -> None:
+        params = list(model.parameters())
+        start = time.perf_counter()
+        row.update(measure(run, params, batch, args.steps), first_step_seconds=time.perf_counter() - start)
+        row.update(details())
+        kept.append((run, params))
+        mine.append({"model": name, **row})
+        rows.append(mine[-1])
+        save()
+        print(_row(mine[-1]), flush=True)
+
+    def planner_point(budget, matched=None) -> None:
+        model = copy.deepcopy(base)
+        compiled = planner.compile(model, memory_budget=budget, time_limit=args.time_limit)
+        backend = compiled.planner_backend
+
+        def details() -> dict:
+            return {"predicted_peak_bytes": backend.predicted_step_peak, "graphs": len(backend.graphs),
+                    "estimator": backend.graphs[0].estimator if backend.graphs else None,
+                    "plan_seconds": sum(g.plan_seconds for g in backend.graphs),
+                    "status": ",".join(sorted({g.decision.status for g in backend.graphs}))}
+        try:
+            record({"method": "planner", "budget": budget, "matched": matched}, compiled, model, details)
+        except PlannerError as err:
+            print(f"| {name} | planner at {budget}: {err} |", flush=True)
+
+    print(f"## {name}: {_description(name)}", flush=True)
+    print(_HEADER, flush=True)
+    model = copy.deepcopy(base)
+    record({"method": "eager"}, model, model)
+    model = library_checkpointing(name, copy.deepcopy(base))
+    record({"method": "library checkpointing"}, model, model)
+    for budget in args.torch_budgets:
+        model = copy.deepcopy(base)
+        with torch._functorch.config.patch(activation_memory_budget=budget):
+            record({"method": "torch.compile", "budget": budget}, torch.compile(planner.own_frame(model)), model)
+    for budget in args.budgets:
+        planner_point(budget)
+    for t in [r for r in mine if r["method"] == "torch.compile" and args.matched]:
+        planner_point(int(t["peak_activation_bytes"]), matched=t["budget"])
+    if args.rounds:
+        model = copy.deepcopy(base)
+        kept.append((model, list(model.parameters())))  # eager again, last: the run's noise
+        times = retime(kept, batch, args.rounds, args.steps)
+        for row, ms in zip(mine, times):
+            row["step_ms_alone"], row["step_ms"] = row["step_ms"], ms
+        mine[0]["spread_ms"] = abs(times[-1] - times[0]) / 2
+        save()
+    print(_HEADER)
+    print("\n".join(map(_row, mine)), flush=True)
+    del base, kept
+    torch.cuda.empty_cache()
+
+
+def _description(name: str) -> str:
+    from bench.zoo_models import MODELS
+
+    return MODELS[name].description
+
+
+_HEADER = ("| model | method | budget | peak activation GiB | step ms | predicted GiB | graphs | estimator | plan s | status |\n"
+           "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def budget_text(row: dict) -> str:
+    if row.get("matched") is not None:
+        return f"{row['budget'] / GIB:.3f} GiB (torch {row['matched']:g})"
+    return "-" if row.get("budget") is None else f"{row['budget']:g}"
+
+
+def _row(row: dict) -> str:
+    def fmt(key, scale=1.0, spec=".3f"):
+        return "-" if row.get(key) is None else format(row[key] / scale, spec)
+
+    return (f"| {row['model']} | {row['method']} | {budget_text(row)} | {fmt('peak_activation_bytes', GIB)} "
+            f"| {fmt('step_ms', spec='.1f')} | {fmt('predicted_peak_bytes', GIB)} | {row.get('graphs', '-')} "
+            f"| {row.get('estimator') or '-'} | {fmt('plan_seconds', spec='.1f')} | {row.get('status') or '-'} |")
+
+
+def targets(rows: list[dict], slack: float = 1.01) -> list[str]:
+    """The issue's targets for one model's rows, as markdown lines with the deciding figures.
+
+    (a) planner at 1.0: peak <= torch.compile 1.0's, step <= ``slack`` x its time;
+    (b) every torch.compile point dominated by a planner point (<= peak, <= ``slack`` x time);
+    (c) planner at 0: peak <= the library's checkpointing, step <= 1.3x torch.compile 1.0's;
+    (d) predicted peak within 3% of measured at every planner point.
+    """
+    by = {(r["method"], r.get("budget") if r.get("matched") is None else ("matched", r["matched"])): r for r in rows}
+    torch_rows = [r for r in rows if r["method"] == "torch.compile"]
+    ours = [r for r in rows if r["method"] == "planner"]
+    ref, one, zero = by.get(("torch.compile", 1.0)), by.get(("planner", 1.0)), by.get(("planner", 0.0))
+    ckpt = by.get(("library checkpointing", None))
+    lines = []
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    if ref and one:
+        ok = one["peak_activation_bytes"] <= ref["peak_activation_bytes"] and one["step_ms"] <= slack * ref["step_ms"]
+        lines.append(f"(a) {verdict(ok)}: planner 1.0 {_gm(one)} against torch.compile 1.0 {_gm(ref)} "
+                     f"({one['step_ms'] / ref['step_ms']:.3f}x time)")
+    met = 0
+    for t in torch_rows:
+        fits = [r for r in ours if r["peak_activation_bytes"] <= t["peak_activation_bytes"]]
+        best = min(fits, key=lambda r: r["step_ms"], default=None)
+        met += best is not None and best["step_ms"] <= slack * t["step_ms"]
+    lines.append(f"(b) {verdict(met == len(torch_rows))}: {met} of {len(torch_rows)} torch.compile points dominated")
+    if zero and ckpt and ref:
+        ok = zero["peak_activation_bytes"] <= ckpt["peak_activation_bytes"] and zero["step_ms"] <= 1.3 * ref["step_ms"]
+        lines.append(f"(c) {verdict(ok)}: planner 0 {_gm(zero)}, library checkpointing {_gm(ckpt)}, "
+                     f"{zero['step_ms'] / ref['step_ms']:.3f}x torch.compile 1.0's time")
+    errors = [(r["predicted_peak_bytes"] - r["peak_activation_bytes"]) / r["peak_activation_bytes"]
+              for r in ours if r.get("predicted_peak_bytes") is not None and r["peak_activation_bytes"] > 0]
+    if errors:
+        worst = max(errors, key=abs)
+        lines.append(f"(d) {verdict(abs(worst) <= 0.03)}: predicted peak error {min(errors):+.1%} to {max(errors):+.1%}")
+    spread = next((r["spread_ms"] for r in rows if r.get("spread_ms") is not None), None)
+    if spread is not None:
+        lines.append(f"noise: eager timed first and last differs by {2 * spread:.2f} ms")
+    return lines
+
+
+def _gm(row: dict) -> str:
+    return f"{row['peak_activation_bytes'] / GIB:.3f} GiB / {row['step_ms']:.1f} ms"
+
+
+def write(rows: list[dict], out: Path, device: str, torch_version: str) -> None:
+    save_rows(out.with_suffix(".json"), device, torch_version, rows)
+    text = [f"{device}, torch {torch_version}", ""]
+    for name in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == name]
+        text += [f"## {name}: {_description(name)}", "", _HEADER, *map(_row, mine), "", *[f"- {t}" for t in targets(mine)], ""]
+    out.with_suffix(".md").write_text("\n".join(text))
+    print("\n".join(text))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bench.zoo_models import MODELS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["gpt2", "llama", "vit", "resnet50"])
+    parser.add_argument("--budgets", type=float, nargs="+", default=BUDGETS)
+    parser.add_argument("--torch-budgets", type=float, nargs="+", default=TORCH_BUDGETS)
+    parser.add_argument("--time-limit", type=float, default=10.0, help="the planner's seconds per solve")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--matched", action=argparse.BooleanOptionalAction, default=True,
+                        help="also plan at each torch.compile point's measured peak as an absolute budget")
+    parser.add_argument("--out", type=Path, default=RESULTS / "zoo")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error("this benchmark measures GPU memory and needs CUDA; run it on a GPU machine")
+    rows: list[dict] = []
+    device, version = torch.cuda.get_device_name(), torch.__version__
+    print(f"{device}, torch {version}", flush=True)
+    for name in args.models:
+        run_model(name, args, rows, lambda: save_rows(args.out.with_suffix(".json"), device, version, rows))
+    write(rows, args.out, device, version)
+
+
+if __name__ == "__main__":
+    main()
