@@ -89,8 +89,15 @@ class RooflineEstimator(Estimator):
     def recompute_seconds(self, node: fx.Node, forward: Container[fx.Node]) -> float:
         """With ``fuse``, a pointwise op run again in the backward shares its loads: an input that
         a pointwise kernel of the backward reads anyway (the product under a GELU, read by the
-        GELU's gradient) is loaded once by the fused kernel, so it is not counted."""
-        if not (self.fuse and fusible(node)):
+        GELU's gradient) is loaded once by the fused kernel, so it is not counted.
+
+        Only where every reader is pointwise: an op read by a reduction is computed inside the
+        reduction's kernel, which must finish before any kernel using its result starts, so its
+        loads are that kernel's own (BatchNorm's statistics recomputed in the backward read the
+        convolution's output once more; with the discount they were priced free, and a ResNet-50
+        plan recomputed them all, 100 more reduction kernels and 16% slower than torch.compile
+        on an H100)."""
+        if not (self.fuse and fusible(node)) or not all(fusible(r) for r in readers(node)):
             return self.runtime(node)
         shared = frozenset(inp for inp in node.all_input_nodes
                            if any(r not in forward and fusible(r) for r in readers(_root(inp))))

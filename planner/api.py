@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from planner.compiler import GraphPlan, PlannerBackend, replay_graph, solve_graph
-from planner.bounds import runtime_optimal_plan
+from planner.bounds import fast_end_plan
 from planner.memory import Timeline
 from planner.tracing import as_inputs, capture
 from planner.config import PlannerConfig
@@ -34,7 +34,7 @@ class Prediction:
     recompute_seconds: float  # extra runtime spent recomputing in the backward, seconds
     step_seconds: float  # estimated runtime of the step without recomputation, seconds
     min_peak_bytes: int  # peak of the most memory-frugal plan (budget 0.0)
-    max_peak_bytes: int  # peak of the runtime-optimal plan (budget 1.0)
+    max_peak_bytes: int  # peak of the fast end (budget 1.0, planner.bounds.fast_end_plan)
 
     @property
     def overhead(self) -> float:
@@ -78,7 +78,7 @@ class Plan:
             recompute_seconds=self.decision.recompute_seconds,
             step_seconds=self.graph_plan.step_seconds,
             min_peak_bytes=min_peak_plan(problem, self.config.time_limit).plan.peak_bytes,
-            max_peak_bytes=runtime_optimal_plan(problem).peak_bytes,
+            max_peak_bytes=fast_end_plan(problem).peak_bytes,
         )
 
     @property

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.bounds import runtime_optimal_plan
+from planner.bounds import fast_end_plan
 from planner.errors import ConfigError
 from planner.problem import Problem
 from planner.units import format_bytes, parse_size
@@ -16,7 +16,7 @@ class Budget:
     """A budget on peak activation memory over the training step.
 
     Exactly one of ``fraction`` (in [0, 1]: 0 is the peak of the most memory-frugal plan, 1 the
-    peak of the runtime-optimal plan, linear in bytes between them) and ``nbytes`` (an absolute
+    peak of the fast end, :func:`~planner.bounds.fast_end_plan`, linear in bytes between them) and ``nbytes`` (an absolute
     bound on the peak) is set.
     """
 
@@ -56,11 +56,11 @@ class Budget:
 
     def resolve(self, problem: Problem, time_limit: float = 60.0) -> int:
         """The peak budget in bytes for this problem; a fraction below 1 needs the most frugal
-        plan, found exactly within ``time_limit`` seconds (1.0 is the runtime-optimal plan's
-        peak, which needs no search)."""
+        plan, found exactly within ``time_limit`` seconds (1.0 is the peak of
+        :func:`~planner.bounds.fast_end_plan`, which needs no search)."""
         if self.nbytes is not None:
             return self.nbytes
-        hi = runtime_optimal_plan(problem).peak_bytes
+        hi = fast_end_plan(problem).peak_bytes
         if self.fraction == 1.0:
             return hi
         from solvers.frugal import min_peak_plan  # solvers build on planner, not the reverse

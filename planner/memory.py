@@ -155,7 +155,8 @@ def _tags(node: fx.Node) -> list:
 def fusible(node: fx.Node) -> bool:
     """A pointwise op, a cast, or a constant factory (``iota``, ``full``, ``scalar_tensor``...):
     inductor generates its code inside fused kernels (a constant reads no memory there)."""
-    return torch.Tag.pointwise in _tags(node) or node.target in _CASTS or node.target in _CONSTANTS
+    return (torch.Tag.pointwise in _tags(node) or node.target in _CASTS or node.target in _CONSTANTS
+            or str(node.target) in _LOWERED_POINTWISE)
 
 
 def constant_inlined(node: fx.Node) -> bool:
@@ -169,13 +170,14 @@ def generated(node: fx.Node) -> bool:
     ``scalar_tensor``: no tensor inputs): inductor generates its kernel code, and can compute
     a fused producer inside it."""
     tags = _tags(node)
-    return torch.Tag.pointwise in tags or torch.Tag.reduction in tags or node.target in _CASTS or _factory(node)
+    return (torch.Tag.pointwise in tags or torch.Tag.reduction in tags or node.target in _CASTS or _factory(node)
+            or str(node.target) in _LOWERED_POINTWISE)
 
 
 def fuses_producers(node: fx.Node) -> bool:
     """Inductor can compute a pointwise producer inside ``node``'s kernel: ``node`` is
-    :func:`generated`, or an indexing op (``gather``, ``embedding``, ``index``) that inductor
-    lowers to a pointwise kernel loading its source through computed indices."""
+    :func:`generated`, or an indexing op (``gather``, ``embedding``, ``index``, the scatters)
+    that inductor lowers to a kernel loading its operands through computed indices."""
     return generated(node) or node.target in _INDEXING
 
 
@@ -189,8 +191,17 @@ _CASTS = (torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.
 _CONSTANTS = (torch.ops.prims.iota.default, torch.ops.aten.scalar_tensor.default, torch.ops.aten.full.default,
               torch.ops.aten.zeros.default, torch.ops.aten.ones.default, torch.ops.aten.arange.default,
               torch.ops.aten.arange.start, torch.ops.aten.arange.start_step)
+# Ops without ATen's pointwise tag that inductor lowers to pointwise code all the same: max
+# pooling's offsets turned into int64 indices are computed inside the max-pool backward's
+# kernel from the int8 offsets (PyTorch's partitioner recomputes them too). Counted as stored,
+# a ResNet-50 plan saved the 8x larger indices (196 MiB at batch 128) instead of the offsets.
+# (Named, not looked up: the prim is registered only once inductor is imported.)
+_LOWERED_POINTWISE = frozenset({"prims._low_memory_max_pool_offsets_to_indices.default"})
+# Scatters too: inductor's scatter kernel loads its index and source through their loaders, so
+# a pointwise producer (max pooling's indices, scattered into by its backward) is computed there.
 _INDEXING = (torch.ops.aten.gather.default, torch.ops.aten.embedding.default, torch.ops.aten.index.Tensor,
-             torch.ops.aten._unsafe_index.Tensor)
+             torch.ops.aten._unsafe_index.Tensor, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter.src,
+             torch.ops.aten.scatter.value)
 
 
 def layout_copies(nodes: list[fx.Node]) -> dict[fx.Node, int]:

@@ -72,13 +72,13 @@ class Solver(ABC):
         """
         start = time.perf_counter()
         deadline = time.monotonic() + self.time_limit  # the limit covers the whole solve
-        frugal = min_peak_plan(problem, self.time_limit).plan
-        if budget_bytes < frugal.peak_bytes:
-            raise InfeasibleBudget(budget_bytes, frugal.peak_bytes)
         fast = runtime_optimal_plan(problem)
-        if budget_bytes >= fast.peak_bytes:
+        if budget_bytes >= fast.peak_bytes:  # no frugal search needed: the fastest plan fits
             solution = Solution(fast.saved, *_fast_status(problem, fast))
         else:
+            frugal = min_peak_plan(problem, self.time_limit).plan
+            if budget_bytes < frugal.peak_bytes:
+                raise InfeasibleBudget(budget_bytes, frugal.peak_bytes)
             solution = self._solve(problem, int(budget_bytes), frugal, fast, deadline)
         result = evaluate(problem, solution.saved)
         if result.peak_bytes > budget_bytes:

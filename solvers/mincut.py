@@ -8,13 +8,9 @@ proves a bound:
 """
 from __future__ import annotations
 
-import time
-
-import numpy as np
-
-from planner.bounds import cut_network
+from planner.bounds import hull_walk
 from planner.decision import Status
-from planner.problem import Evaluation, Problem, evaluate
+from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver
 
 __all__ = ["MinCutSolver"]
@@ -44,32 +40,19 @@ class MinCutSolver(Solver):
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
     ) -> Solution:
-        # prices are rounded to whole bytes
+        # The frugal plan fits, the fast one does not; the walk keeps the fitting end, and every
+        # cut bounds the seconds of any plan within the budget.
+        bound, cuts = 0.0, 0
         rounding = 0.5 * int((problem.runtime > 0).sum() + (problem.save_seconds > 0).sum())
-        # The frugal plan fits, the fast one does not; each cut at the lambda where the two tie
-        # either finds a plan below the segment joining them (which replaces one end) or proves
-        # the segment is an edge of the lower convex hull, whose fitting end is the answer.
-        fits, over, bound, cuts = frugal, fast, 0.0, 0
-        while (cuts < self.iterations and time.monotonic() < deadline and fits.seconds > over.seconds
-               and over.memory_bytes > fits.memory_bytes):
-            lam = (over.memory_bytes - fits.memory_bytes) / (fits.seconds - over.seconds)
-            plan, value = self._cut(problem, lam)
+
+        def on_cut(value: float, lam: float) -> None:
+            nonlocal bound, cuts
             cuts += 1
             bound = max(bound, (value - budget_bytes - rounding) / lam)
-            if value >= fits.memory_bytes + lam * fits.seconds - rounding - 1:
-                break  # nothing below the segment: it is a hull edge
-            if plan.peak_bytes <= budget_bytes:
-                fits = plan
-            else:
-                over = plan
+
+        fits = hull_walk(problem, frugal, fast, lambda plan: plan.peak_bytes <= budget_bytes, self.iterations,
+                         deadline, on_cut)
         found = fits.seconds
         gap = 0.0 if found <= bound * (1 + 1e-9) else (found - bound) / found
         status = Status.OPTIMAL if gap == 0.0 else Status.HEURISTIC
         return Solution(fits.saved, status, gap, {"cuts": cuts, "lower_bound_seconds": bound})
-
-    @staticmethod
-    def _cut(problem: Problem, lam: float) -> tuple[Evaluation, float]:
-        """The plan of one priced cut, and its value ``memory + lam * seconds`` (byte units)."""
-        price, save = np.rint(lam * problem.runtime), np.rint(lam * problem.save_seconds)
-        plan = evaluate(problem, cut_network(problem).cut(price, save))
-        return plan, plan.memory_bytes + float(price[plan.recomputed].sum() + save[plan.saved].sum())

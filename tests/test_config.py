@@ -34,7 +34,7 @@ def test_yaml_file(tmp_path):
         ("bad.yaml", "memory_budget: [0.5", "is not valid YAML"),
         ("unknown.toml", "memory_budjet = 0.5", "unknown field.*memory_budjet.*allowed fields: memory_budget"),
         ("solver.toml", 'solver = "magic"', "solver='magic' is not allowed; choose one of: " + ", ".join(available_solvers())),
-        ("estimator.toml", 'estimator = "magic"', "estimator='magic' is not allowed; choose one of: constant, flops"),
+        ("estimator.toml", 'estimator = "magic"', "estimator='magic' is not allowed; choose one of: auto, constant, flops"),
         ("codegen.toml", 'codegen = "tvm"', "codegen='tvm' is not allowed; choose one of: eager, inductor"),
         ("limit.toml", "time_limit = -1", "time_limit=-1 is invalid"),
         ("budget.toml", "memory_budget = 3.5", "memory_budget=3.5 is out of range"),
