@@ -1,6 +1,7 @@
 """The planner as a torch.compile backend: every joint graph is planned, then split and compiled."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -22,7 +23,7 @@ from planner.memory import Timeline, simulate
 from planner.problem import InfeasibleDecision, Problem, evaluate_names
 from solvers import get_solver
 
-__all__ = ["backend", "compile", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
+__all__ = ["backend", "compile", "named_backend", "named_plans", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,32 @@ def backend(config: PlannerConfig | None = None, **overrides: Any) -> PlannerBac
     """
     config = (config or PlannerConfig()).replace(**overrides)
     return PlannerBackend(config)
+
+
+CONFIG_VARIABLE = "ACPLAN_CONFIG"
+named_plans: list[GraphPlan] = []  # every graph the named backend planned in this process, in order
+
+
+def named_backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
+    """The backend ``torch.compile(model, backend="acplanner")`` finds by name (registered as
+    a ``torch_dynamo_backends`` entry point, so tools that take a backend name, such as the
+    transformers Trainer's ``torch_compile_backend``, can use it without importing the planner).
+
+    Settings come from the TOML or YAML file named by ``$ACPLAN_CONFIG``, read as each graph is
+    compiled (defaults without it). Each graph is planned on its own: an absolute budget bounds
+    each graph's peak, not the step's (:func:`compile` and :func:`backend` plan the graphs of one
+    step together). Each graph's plan is appended to :data:`named_plans`.
+
+    Raises
+    ------
+    ConfigError
+        If ``$ACPLAN_CONFIG`` names a missing or invalid file (torch.compile wraps it).
+    """
+    path = os.environ.get(CONFIG_VARIABLE)
+    planned = PlannerBackend(PlannerConfig.from_file(path) if path else PlannerConfig())
+    compiled = planned(gm, example_inputs)
+    named_plans.extend(planned.graphs)
+    return compiled
 
 
 def compile(model: nn.Module, config: PlannerConfig | None = None, **overrides: Any) -> nn.Module:

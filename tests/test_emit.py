@@ -41,9 +41,17 @@ def test_forward_returns_exactly_the_saved_values(fraction):
 
 
 def test_recomputed_dropout_replays_its_rng_state():
-    problem, decision, _, fw, bw = emitted("gpt", 0.0)
-    replayed = int((evaluate_names(problem, decision.saved).recomputed & problem.random).sum())
+    # The least-memory cut recomputes every dropout (its RNG state is smaller than its mask),
+    # whatever plan a time-limited search finds for budget 0 on this machine.
+    from planner.bounds import min_memory_plan
+
+    model, inputs = MODELS["gpt"]()
+    joint = planner.capture(model, inputs)
+    problem = build_problem(joint, get_estimator("flops"))
+    plan = min_memory_plan(problem)
+    replayed = int((plan.recomputed & problem.random).sum())
     assert replayed > 0
+    fw, bw = emit(joint, problem, tuple(problem.names[i] for i in plan.saved.nonzero()[0]))
     assert sum(n.target is _torch_compat.run_and_save_rng_state() for n in calls(fw)) == replayed
     assert sum(n.target is _torch_compat.run_with_rng_state() for n in calls(bw)) == replayed
 
