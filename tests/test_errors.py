@@ -12,7 +12,7 @@ from tests.models import MODELS
 
 
 def test_unknown_estimator_lists_the_available_ones():
-    with pytest.raises(UnknownNameError, match="unknown estimator 'guess'; available estimators: constant, flops"):
+    with pytest.raises(UnknownNameError, match="unknown estimator 'guess'; available estimators: auto, constant, flops"):
         get_estimator("guess")
 
 
