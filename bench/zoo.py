@@ -24,7 +24,7 @@ import copy
 import time
 from pathlib import Path
 
-from bench import save_rows
+from bench import merge_runs, save_rows
 
 RESULTS = Path(__file__).parent / "results"
 GIB = 2**30
@@ -194,7 +194,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--matched", action=argparse.BooleanOptionalAction, default=True,
                         help="also plan at each torch.compile point's measured peak as an absolute budget")
     parser.add_argument("--out", type=Path, default=RESULTS / "zoo")
+    parser.add_argument("--report", type=Path, nargs="+",
+                        help="write the tables of these JSON files instead of measuring (a model measured in "
+                             "several keeps the rows of the last file)")
     args = parser.parse_args(argv)
+    if args.report:
+        try:
+            device, version, _ = merge_runs(args.report)  # one device
+        except ValueError as err:
+            parser.error(str(err))
+        by_model: dict[str, list[dict]] = {}
+        for path in args.report:  # a later file's rows of a model replace an earlier one's
+            runs = merge_runs([path])[2]
+            by_model.update({m: [r for r in runs if r["model"] == m] for m in dict.fromkeys(r["model"] for r in runs)})
+        write([r for mine in by_model.values() for r in mine], args.out, device, version)
+        return
     import torch
 
     if not torch.cuda.is_available():
