@@ -1,4 +1,5 @@
-"""The two ends of the budget range: the most memory-frugal plan and the runtime-optimal plan."""
+"""The ends of the budget range: the most memory-frugal plan, the runtime-optimal plan and the
+fast end (budget 1.0); the priced minimum cuts and the hull walk they are found by."""
 from __future__ import annotations
 
 import time
@@ -12,7 +13,7 @@ import numpy as np
 from planner.problem import Evaluation, Problem, evaluate
 
 __all__ = ["min_memory_plan", "runtime_optimal_plan", "fast_end_plan", "save_all_plan", "cut_network", "CutNetwork",
-           "SECONDS_UNIT", "FAST_END_SLACK", "hull_walk", "priced_cut"]
+           "SECONDS_UNIT", "FAST_END_SLACK", "hull_walk", "priced_cut", "price_rounding"]
 
 _SOURCE, _SINK = "source", "sink"
 
@@ -166,11 +167,12 @@ def fast_end_plan(problem: Problem) -> Evaluation:
     against seconds, the one with the least bytes within :data:`FAST_END_SLACK` of the forward's
     estimated seconds of the fastest plan.
 
-    The fastest plan keeps every value whose recomputation costs anything, however little: on
-    an H100 it kept each layer's expanded attention mask and the repeated keys and values of
-    grouped-query attention in a Llama, 0.3 GiB more than torch.compile, to save a copy kernel
-    of a few microseconds each. Without save costs (``flops``, ``constant``) saving is free,
-    and it is the fastest plan.
+    The fastest plan keeps every value whose recomputation costs anything, however little: in
+    the Llama of ``bench/zoo.py`` (priced at H100 rates) the repeated keys and values of
+    grouped-query attention and fp32 copies of the residual stream, to save copy kernels of a
+    few microseconds; on the H100 that plan held 0.30 GiB more than torch.compile, the fast end
+    0.06 GiB. Without save costs (``flops``, ``constant``) saving is free, and it is the fastest
+    plan.
     """
     return _fast_end_plan(problem)
 
@@ -189,11 +191,14 @@ def hull_walk(problem: Problem, kept: Evaluation, other: Evaluation, accept, ite
     """Walk the lower convex hull of saved bytes against seconds between two plans by priced
     minimum cuts (Eisner-Severance): each cut at the price where the two ends tie either finds
     a plan below the segment joining them, which replaces ``kept`` if ``accept(plan)`` and
-    ``other`` if not, or proves the segment a hull edge. Returns the last ``kept``.
+    ``other`` if not, or proves the segment a hull edge. Returns the last ``kept``, or ``other``
+    itself if it is accepted (the end sought lies towards ``other``).
 
     ``on_cut(value, price)`` sees each cut's value (bytes + price x seconds) and price.
     """
-    rounding = 0.5 * int((problem.runtime > 0).sum() + (problem.save_seconds > 0).sum())  # prices are whole bytes
+    if accept(other):
+        return other
+    rounding = price_rounding(problem)
     for _ in range(iterations):
         if time.monotonic() >= deadline or kept.seconds == other.seconds or kept.memory_bytes == other.memory_bytes:
             break
@@ -210,6 +215,12 @@ def hull_walk(problem: Problem, kept: Evaluation, other: Evaluation, accept, ite
         else:
             other = plan
     return kept
+
+
+def price_rounding(problem: Problem) -> float:
+    """Most a priced cut's value can differ from its exact price, in bytes: prices are rounded to
+    whole bytes, half a byte for each priced node."""
+    return 0.5 * int((problem.runtime > 0).sum() + (problem.save_seconds > 0).sum())
 
 
 def priced_cut(problem: Problem, price: float) -> tuple[Evaluation, float]:

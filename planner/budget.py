@@ -16,8 +16,8 @@ class Budget:
     """A budget on peak activation memory over the training step.
 
     Exactly one of ``fraction`` (in [0, 1]: 0 is the peak of the most memory-frugal plan, 1 the
-    peak of the fast end, :func:`~planner.bounds.fast_end_plan`, linear in bytes between them) and ``nbytes`` (an absolute
-    bound on the peak) is set.
+    peak of the fast end, :func:`~planner.bounds.fast_end_plan`, linear in bytes between them)
+    and ``nbytes`` (an absolute bound on the peak) is set.
     """
 
     fraction: float | None = None

@@ -8,7 +8,7 @@ proves a bound:
 """
 from __future__ import annotations
 
-from planner.bounds import hull_walk
+from planner.bounds import hull_walk, price_rounding
 from planner.decision import Status
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver
@@ -43,7 +43,7 @@ class MinCutSolver(Solver):
         # The frugal plan fits, the fast one does not; the walk keeps the fitting end, and every
         # cut bounds the seconds of any plan within the budget.
         bound, cuts = 0.0, 0
-        rounding = 0.5 * int((problem.runtime > 0).sum() + (problem.save_seconds > 0).sum())
+        rounding = price_rounding(problem)
 
         def on_cut(value: float, lam: float) -> None:
             nonlocal bound, cuts
