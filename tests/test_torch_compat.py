@@ -1,4 +1,5 @@
 """Each private torch entry point the planner wraps still works on the installed torch."""
+import pytest
 import torch
 
 import planner
@@ -108,3 +109,34 @@ def test_planned_graphs_free_buffers_at_last_use(monkeypatch):
     with torch._inductor.config.patch(force_disable_caches=True):  # inductor on its own pools them
         torch.compile(model)(*inputs).backward()
     assert pooled
+
+
+def test_inductor_options_reach_inductor_and_unknown_ones_are_refused(monkeypatch):
+    from torch._inductor.codegen import wrapper
+
+    pooled = []
+    real = wrapper.MemoryPlanningState.push
+
+    def spy(self, key, item):
+        pooled.append(key)
+        return real(self, key, item)
+
+    monkeypatch.setattr(wrapper.MemoryPlanningState, "push", spy)
+    model, inputs = MODELS["gpt"]()
+    options = {"allow_buffer_reuse": True}  # the pool back on, over the planner's own setting
+    torch.compile(model, backend=planner.backend(codegen="inductor", memory_budget=0.0, solver="greedy",
+                                                 inductor_options=options))(*inputs).backward()
+    assert pooled
+    torch._dynamo.reset()
+    bad = planner.backend(codegen="inductor", solver="greedy", inductor_options={"no_such_setting": 1})
+    with pytest.raises(Exception, match="inductor has no setting no_such_setting"):
+        torch.compile(model, backend=bad)(*inputs)
+
+
+def test_pytorch_partition_splits_a_joint_graph():
+    model, inputs = MODELS["mlp"]()
+    joint = planner.capture(model, inputs)
+    forward, backward = _torch_compat.pytorch_partition()(joint.module, joint.joint_inputs,
+                                                          num_fwd_outputs=joint.num_fwd_outputs)
+    assert isinstance(forward, torch.fx.GraphModule) and isinstance(backward, torch.fx.GraphModule)
+    assert any(n.op == "placeholder" and "tangents" in str(n.target) for n in backward.graph.nodes)
