@@ -6,8 +6,8 @@ values (``--torch-budgets``); and the planner at its defaults (``planner.compile
 ``memory_budget`` set) at ``--budgets`` and at each torch.compile point's measured peak given as
 an absolute budget. Every point stays compiled and all are timed again in ``--rounds``
 interleaved rounds at the end (as ``bench/pareto.py`` does); ``step_ms`` is the median of those
-steps, ``spread_ms`` half the range of the two eager timings (first and last point's round),
-the run's noise.
+steps. A second eager copy is timed last in every round: ``spread_ms`` is half the difference
+between the two eager medians, the run's noise as eager shows it (compiled points can vary more).
 
 Per planner point: measured peak activation memory, the predicted peak of the step (every graph
 the model compiled into, :attr:`planner.compiler.PlannerBackend.predicted_step_peak`), the
