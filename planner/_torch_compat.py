@@ -21,6 +21,7 @@ __all__ = [
     "has_custom_partitioner_hook",
     "pytorch_knapsack_solvers",
     "pytorch_partition",
+    "compiling_frame",
     "mutated_primals",
     "gpu_spin",
     "real_tensors",
@@ -142,6 +143,16 @@ def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
 
     module = SimpleNamespace(graph=SimpleNamespace(nodes=list(nodes)))
     return bool(GraphLowering.decide_layout_opt(module, is_inference=False))
+
+
+def compiling_frame() -> int | None:
+    """The id dynamo gives the code frame whose graph is being compiled (the same for every
+    recompile of that frame, a new one for each frame a graph break resumes in); None outside
+    a compile."""
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    return None if compile_id is None else compile_id.frame_id
 
 
 def pytorch_partition() -> Callable:

@@ -11,6 +11,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from estimators import get_estimator
+from planner import _torch_compat
 from planner.build import build_problem, estimate_step_seconds
 from planner.tracing import make_backend
 from planner.config import PlannerConfig
@@ -98,6 +99,10 @@ class PlannerBackend:
         self.fixed = fixed
         self.graphs: list[GraphPlan] = []
         self.timelines: list[Timeline] = []
+        # the latest timeline of each code frame, in the order the frames first compiled: a
+        # recompile of a frame (new shapes) replaces its graph in the step, it does not add one
+        self._step: dict[Any, Timeline] = {}
+        self._frame: Any = None
         self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_options)
 
     def partition(self, joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **_: Any):
@@ -116,26 +121,34 @@ class PlannerBackend:
         num_fwd_outputs = joint.num_fwd_outputs
         forward, backward = emit(joint, graph_plan.problem, graph_plan.decision.saved)
         self.timelines.append(simulate(forward, backward, num_fwd_outputs, fuse=self.config.codegen == "inductor"))
+        self._step[self._frame if self._frame is not None else len(self.timelines)] = self.timelines[-1]
         return forward, backward
 
     @property
     def held_bytes(self) -> int:
-        """Bytes the graphs planned so far keep alive once their forwards ran (saved values and
-        outputs): the graphs of one step run their forwards in compile order, then their
-        backwards in reverse, so a later graph runs while these are held."""
-        return sum(t.held_after_forward for t in self.timelines)
+        """Bytes the graphs before this one in the step keep alive once their forwards ran
+        (saved values and outputs): the graphs of one step run their forwards in the order their
+        frames first compiled, then their backwards in reverse, so a later graph runs while
+        these are held. A graph compiled again for its frame (new shapes) counts once."""
+        held = 0
+        for frame, timeline in self._step.items():
+            if frame == self._frame:
+                break
+            held += timeline.held_after_forward
+        return held
 
     @property
     def predicted_step_peak(self) -> int:
-        """Predicted peak activation memory of the step, over every graph planned so far:
+        """Predicted peak activation memory of the step, over the latest graph of each frame:
         the largest of each graph's simulated peak plus what the graphs before it hold."""
         held = peak = 0
-        for timeline in self.timelines:
+        for timeline in self._step.values():
             peak = max(peak, held + timeline.peak)
             held += timeline.held_after_forward
         return peak
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
+        self._frame = _torch_compat.compiling_frame()
         return self._compile(gm, example_inputs)
 
 

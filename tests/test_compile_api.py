@@ -103,3 +103,17 @@ def test_the_named_backend_reads_its_settings_from_the_environment(tmp_path):
     failed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                             cwd=Path(__file__).parent.parent)
     assert failed.returncode != 0 and "cannot read config file" in failed.stderr and "missing.toml" in failed.stderr
+
+
+def test_a_recompiled_graph_replaces_its_earlier_self_in_the_step():
+    torch.manual_seed(0)
+    model = TwoGraphs()
+    compiled = planner.compile(model, **EAGER)
+    for rows in (128, 96, 64):  # new shapes: each frame compiles again
+        compiled(torch.randn(rows, 64)).backward()
+    backend = compiled.planner_backend
+    assert len(backend.graphs) >= 4  # two frames, recompiled
+    first_frame, second_frame = list(backend._step.values())
+    # the step is the latest graph of each frame, not every graph compiled
+    assert backend.predicted_step_peak == max(first_frame.peak, first_frame.held_after_forward + second_frame.peak)
+    assert backend.predicted_step_peak < sum(t.held_after_forward for t in backend.timelines)
