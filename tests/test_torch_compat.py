@@ -91,7 +91,9 @@ def test_inductor_layout_opt_agrees_with_inductor_on_the_planned_forward(monkeyp
     assert not _torch_compat.inductor_layout_opt(gpt_nodes)
 
 
-def test_planned_graphs_free_buffers_at_last_use(monkeypatch):
+@pytest.fixture
+def pooled(monkeypatch):
+    """The keys of the buffers inductor's generated code puts in its pool, as they are pooled."""
     from torch._inductor.codegen import wrapper
 
     pooled = []
@@ -102,6 +104,10 @@ def test_planned_graphs_free_buffers_at_last_use(monkeypatch):
         return real(self, key, item)
 
     monkeypatch.setattr(wrapper.MemoryPlanningState, "push", spy)
+    return pooled
+
+
+def test_planned_graphs_free_buffers_at_last_use(pooled):
     model, inputs = MODELS["gpt"]()
     torch.compile(model, backend=planner.backend(codegen="inductor", memory_budget=0.0, solver="greedy"))(*inputs).backward()
     assert not pooled  # no dead buffer waits in inductor's pool for a later one of its size
@@ -111,17 +117,7 @@ def test_planned_graphs_free_buffers_at_last_use(monkeypatch):
     assert pooled
 
 
-def test_inductor_options_reach_inductor_and_unknown_ones_are_refused(monkeypatch):
-    from torch._inductor.codegen import wrapper
-
-    pooled = []
-    real = wrapper.MemoryPlanningState.push
-
-    def spy(self, key, item):
-        pooled.append(key)
-        return real(self, key, item)
-
-    monkeypatch.setattr(wrapper.MemoryPlanningState, "push", spy)
+def test_inductor_options_reach_inductor_and_unknown_ones_are_refused(pooled):
     model, inputs = MODELS["gpt"]()
     options = {"allow_buffer_reuse": True}  # the pool back on, over the planner's own setting
     torch.compile(model, backend=planner.backend(codegen="inductor", memory_budget=0.0, solver="greedy",
