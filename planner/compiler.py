@@ -157,9 +157,9 @@ def backend(config: PlannerConfig | None = None, **overrides: Any) -> PlannerBac
 
     Graph breaks are allowed. A fraction applies to each graph's own range; an absolute budget
     bounds the step's peak, each graph getting what the graphs before it in the step leave of it
-    (``predicted_step_peak`` is the step's predicted peak). torch.compile keeps compiled graphs per class of model, and after ``recompile_limit`` (8)
-    compiles of one class with other backends it runs that class eagerly, unplanned;
-    :func:`compile` does not share that limit.
+    (``predicted_step_peak`` is the step's predicted peak). torch.compile keeps compiled graphs
+    per class of model, and after ``recompile_limit`` (8) compiles of one class with other
+    backends it runs that class eagerly, unplanned; :func:`compile` does not share that limit.
     """
     config = (config or PlannerConfig()).replace(**overrides)
     return PlannerBackend(config)
