@@ -169,9 +169,7 @@ def generated(node: fx.Node) -> bool:
     """A pointwise op, a cast, a reduction, or an ATen factory (``iota``, ``full``,
     ``scalar_tensor``: no tensor inputs): inductor generates its kernel code, and can compute
     a fused producer inside it."""
-    tags = _tags(node)
-    return (torch.Tag.pointwise in tags or torch.Tag.reduction in tags or node.target in _CASTS or _factory(node)
-            or str(node.target) in _LOWERED_POINTWISE)
+    return fusible(node) or torch.Tag.reduction in _tags(node) or _factory(node)
 
 
 def fuses_producers(node: fx.Node) -> bool:
@@ -192,8 +190,9 @@ _CONSTANTS = (torch.ops.prims.iota.default, torch.ops.aten.scalar_tensor.default
               torch.ops.aten.zeros.default, torch.ops.aten.ones.default, torch.ops.aten.arange.default,
               torch.ops.aten.arange.start, torch.ops.aten.arange.start_step)
 # Ops without ATen's pointwise tag that inductor lowers to pointwise code all the same: max
-# pooling's offsets turned into int64 indices are computed inside the max-pool backward's
-# kernel from the int8 offsets (PyTorch's partitioner recomputes them too). Counted as stored,
+# pooling's offsets turned into int64 indices are computed from the int8 offsets inside the
+# kernel that reads them, the scatter of max pooling's backward (PyTorch's partitioner recomputes
+# them too). Counted as stored,
 # a ResNet-50 plan saved the 8x larger indices (196 MiB at batch 128) instead of the offsets.
 # (Named, not looked up: the prim is registered only once inductor is imported.)
 _LOWERED_POINTWISE = frozenset({"prims._low_memory_max_pool_offsets_to_indices.default"})
