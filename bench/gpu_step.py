@@ -24,15 +24,24 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def measure(run, params, batch, steps: int) -> dict:
-    """Peak activation memory (bytes) and median step time (ms) of ``run(*batch).backward()``."""
+    """Peak activation memory (bytes) and median step time (ms) of ``run(*batch).backward()``,
+    and of one step's forward: its peak and the bytes it leaves alive for the backward."""
     _clear(params)
     run(*batch).backward()  # warm-up: compiles
     torch.cuda.synchronize()
     _clear(params)
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
+    loss = run(*batch)  # one step in halves: what the forward peaks at and keeps for the backward
+    torch.cuda.synchronize()
+    forward = {"forward_peak_bytes": torch.cuda.max_memory_allocated() - before,
+               "held_after_forward_bytes": torch.cuda.memory_allocated() - before}
+    loss.backward()
+    del loss
+    _clear(params)
     times = step_times(run, params, batch, steps)
-    return {"peak_activation_bytes": torch.cuda.max_memory_allocated() - before, "step_ms": statistics.median(times)}
+    return {"peak_activation_bytes": torch.cuda.max_memory_allocated() - before, "step_ms": statistics.median(times),
+            **forward}
 
 
 def step_times(run, params, batch, steps: int) -> list[float]:

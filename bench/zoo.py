@@ -55,6 +55,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
         rows.append(mine[-1])
         save()
         print(_row(mine[-1]), flush=True)
+        print(_forward_line(mine[-1]), flush=True)
 
     def planner_point(budget, matched=None) -> None:
         model = copy.deepcopy(base)
@@ -62,7 +63,9 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
         backend = compiled.planner_backend
 
         def details() -> dict:
-            return {"predicted_peak_bytes": backend.predicted_step_peak, "graphs": len(backend.graphs),
+            forward_peak, held = backend.predicted_forward
+            return {"predicted_peak_bytes": backend.predicted_step_peak, "predicted_forward_peak_bytes": forward_peak,
+                    "predicted_held_bytes": held, "graphs": len(backend.graphs),
                     "estimator": backend.graphs[0].estimator if backend.graphs else None,
                     "plan_seconds": sum(g.plan_seconds for g in backend.graphs),
                     "status": ",".join(sorted({g.decision.status for g in backend.graphs}))}
@@ -122,6 +125,15 @@ def _row(row: dict) -> str:
     return (f"| {row['model']} | {row['method']} | {budget_text(row)} | {fmt('peak_activation_bytes', GIB)} "
             f"| {fmt('step_ms', spec='.1f')} | {fmt('predicted_peak_bytes', GIB)} | {row.get('graphs', '-')} "
             f"| {row.get('estimator') or '-'} | {fmt('plan_seconds', spec='.1f')} | {row.get('status') or '-'} |")
+
+
+def _forward_line(row: dict) -> str:
+    """The forward's peak and what it keeps for the backward, measured and (planner) predicted, GiB."""
+    def gib(key):
+        return "-" if row.get(key) is None else f"{row[key] / GIB:.3f}"
+
+    return (f"  forward peak {gib('forward_peak_bytes')} (predicted {gib('predicted_forward_peak_bytes')}), "
+            f"held for the backward {gib('held_after_forward_bytes')} (predicted {gib('predicted_held_bytes')})")
 
 
 def targets(rows: list[dict], slack: float = 1.01) -> list[str]:

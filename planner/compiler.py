@@ -138,6 +138,15 @@ class PlannerBackend:
         return held
 
     @property
+    def predicted_forward(self) -> tuple[int, int]:
+        """Predicted peak of the step's forwards, and the bytes they leave alive for the backward."""
+        held = peak = 0
+        for timeline in self._step.values():
+            peak = max(peak, held + timeline.forward_peak)
+            held += timeline.held_after_forward
+        return peak, held
+
+    @property
     def predicted_step_peak(self) -> int:
         """Predicted peak activation memory of the step, over the latest graph of each frame:
         the largest of each graph's simulated peak plus what the graphs before it hold."""

@@ -9,6 +9,10 @@ gives the blocks: that run, cut every ``P`` nodes.
 The exact solvers use the blocks for a starting plan: the same program with every block
 deciding alike (``saved[i] == saved[i + P]``), a fraction of its size once presolved. Tying
 is a restriction, so its plan is feasible for the full program and proves nothing about it.
+
+The least-peak search starts, among others, from the plans that save only what flows across
+block boundaries (:func:`boundary_saves`): the classic per-layer checkpointing, which a local
+search from the runtime-optimal or least-saved-bytes plans does not reach on deep models.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import numpy as np
 
 from planner.problem import Problem
 
-__all__ = ["Blocks", "find_blocks"]
+__all__ = ["Blocks", "boundary_saves", "find_blocks"]
 
 _SUFFIX = re.compile(r"_\d+$")
 _PAD = -(1 << 40)  # an input slot a node does not have; no shift maps it onto a real index
@@ -81,3 +85,31 @@ def _longest_run(flags: np.ndarray) -> tuple[int, int]:
         return 0, 0
     k = int(np.argmax(ends - starts))
     return int(starts[k]), int(ends[k] - starts[k])
+
+
+def boundary_saves(problem: Problem, blocks: Blocks, strides: tuple[int, ...] = (1, 2, 3)) -> list[np.ndarray]:
+    """Per stride ``k``: the saved set holding every value read across a cut before every
+    ``k``-th block (and after the last), the nodes between two cuts left to recompute; what
+    the backward cannot recompute is not added here (the caller adds it).
+
+    Stride 1 is per-block checkpointing; larger strides keep fewer boundaries and recompute
+    more blocks at once, which lowers the peak where the boundaries outweigh a block's work.
+    """
+    n = len(problem)
+    last_reader = np.full(n, -1, dtype=np.int64)
+    for j, ins in enumerate(problem.inputs):
+        if len(ins):
+            np.maximum.at(last_reader, ins, j)
+    index = np.arange(n)
+    plans = []
+    for stride in strides:
+        if stride > blocks.count:
+            break
+        cuts = [blocks.start + k * blocks.period for k in range(0, blocks.count + 1, stride)]
+        cuts.append(blocks.start + blocks.count * blocks.period)
+        saved = np.zeros(n, dtype=bool)
+        for cut in sorted(set(cuts)):
+            saved |= (index < cut) & (last_reader >= cut)
+        saved[problem.schedule.owner[saved]] = True  # a view crossing a cut keeps its base
+        plans.append(saved & problem.saveable)
+    return plans

@@ -22,6 +22,7 @@ import numpy as np
 from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.cache import default_cache_dir, write_json
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate
+from solvers.blocks import boundary_saves, find_blocks
 from solvers.graph_model import build_graph_model
 from solvers.peak_rows import solve_within_peak
 from solvers.peak_search import lower_peak
@@ -119,7 +120,8 @@ def _min_peak_plan(problem: Problem, time_limit: float) -> FrugalPlan:
     fast = runtime_optimal_plan(problem)
     base, build = build_graph_model(problem)
 
-    searched = [lower_peak(problem, begin, deadline) for begin in (fast, min_memory_plan(problem))]
+    least_bytes = min_memory_plan(problem)
+    searched = [lower_peak(problem, begin, deadline) for begin in (fast, least_bytes, *_boundary_plans(problem, least_bytes))]
     start_plan = min((plan for plan, _ in searched), key=lambda p: (p.peak_bytes, p.seconds))
     hint = [start_plan]
 
@@ -134,5 +136,21 @@ def _min_peak_plan(problem: Problem, time_limit: float) -> FrugalPlan:
     seconds = time.perf_counter() - start
     # Every plan's peak is measured exactly; the least wins, whichever search found it.
     found = min((p for p in (result.plan, start_plan, fast) if p is not None), key=lambda p: (p.peak_bytes, p.seconds))
+    stats["local_search"]["starts"] = len(searched)
     proven = result.optimal and time.monotonic() <= deadline and found.peak_bytes == getattr(result.plan, "peak_bytes", None)
     return FrugalPlan(found, proven, seconds, stats)
+
+
+def _boundary_plans(problem: Problem, least_bytes: Evaluation) -> list[Evaluation]:
+    """Per-block checkpointing plans of a problem with repeated blocks (:func:`boundary_saves`),
+    with what the least-saved-bytes plan must save besides."""
+    blocks = find_blocks(problem)
+    if blocks is None:
+        return []
+    plans = []
+    for saved in boundary_saves(problem, blocks):
+        try:
+            plans.append(evaluate(problem, saved | least_bytes.saved))
+        except InfeasibleDecision:
+            continue
+    return plans
