@@ -6,6 +6,7 @@ the ``greedy``/``dp`` solvers. Every objective is measured on the graph by
 ``planner.problem.evaluate``; the gap is to the best plan any method found at that budget.
 
     python -m bench.solvers [--layers 4 12 48] [--budgets 0.1 0.3 0.5 0.8] [--time-limit 30]
+    python -m bench.solvers --cold [--layers 4 12 48 96] [--methods greedy dp mincut cpsat ilp]
 
 Budget fractions are of the range from the most frugal plan's peak to the runtime-optimal
 plan's. The most frugal plan is searched once per model and kept in the planner's cache
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -101,6 +103,67 @@ def bench(layers: list[int], budgets: list[float], time_limit: float, methods: l
     return rows
 
 
+def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit: float) -> list[dict]:
+    """Cold plan time against PyTorch's partition time on the same joint graph.
+
+    Ours: :func:`planner.compiler.solve_graph` (estimate, build the problem, resolve the budget,
+    solve) and :func:`planner.emit.emit` (the forward and backward modules), as a new process
+    with an empty cache directory plans it. PyTorch's: ``min_cut_rematerialization_partition``
+    at ``activation_memory_budget`` = the fraction (its own knapsack and split). Both on a fresh
+    copy of the captured joint graph (the copy is not timed).
+    """
+    import copy
+    import os
+    import tempfile
+
+    from planner.compiler import solve_graph
+    from planner.config import PlannerConfig
+    from planner.emit import emit
+    from planner.graph import JointGraph
+    from solvers import frugal, reference
+
+    partition = _torch_compat.pytorch_partition()
+    rows = []
+    for n_layer in layers:
+        model, batch = gpt_example(GPTConfig(n_layer=n_layer))
+        joint = capture(model, batch)
+        for fraction in budgets:
+            gm = copy.deepcopy(joint.module)
+            start = time.perf_counter()
+            with torch._functorch.config.patch(activation_memory_budget=fraction):
+                partition(gm, joint.joint_inputs, num_fwd_outputs=joint.num_fwd_outputs)
+            theirs = time.perf_counter() - start
+            for solver in solvers:
+                mine = JointGraph(copy.deepcopy(joint.module), joint.num_fwd_outputs, joint.joint_inputs)
+                with tempfile.TemporaryDirectory() as cache:
+                    os.environ["ACPLAN_CACHE_DIR"] = cache
+                    frugal._FOUND.clear()
+                    reference._FOUND.clear()
+                    config = PlannerConfig(memory_budget=fraction, solver=solver, estimator="flops",
+                                           time_limit=time_limit, codegen="eager")
+                    start = time.perf_counter()
+                    graph_plan = solve_graph(mine, config)
+                    emit(mine, graph_plan.problem, graph_plan.decision.saved)
+                    seconds = time.perf_counter() - start
+                d = graph_plan.decision
+                rows.append({"layers": n_layer, "joint_nodes": len(joint), "budget": fraction, "method": solver,
+                             "cold_seconds": seconds, "pytorch_partition_seconds": theirs,
+                             "ratio": seconds / theirs, "objective": d.seconds, "peak_bytes": d.peak_bytes,
+                             "status": d.status, "proven_gap": d.gap})
+                print(_cold_row(rows[-1]), flush=True)
+    return rows
+
+
+COLD_HEADER = ("| layers | joint nodes | budget | method | cold plan s | PyTorch partition s | ratio | status | proven gap |\n"
+               "|---|---|---|---|---|---|---|---|---|")
+
+
+def _cold_row(r: dict) -> str:
+    proven = "-" if r["proven_gap"] is None else f"{r['proven_gap']:.2%}"
+    return (f"| {r['layers']} | {r['joint_nodes']} | {r['budget']} | {r['method']} | {r['cold_seconds']:.3f} "
+            f"| {r['pytorch_partition_seconds']:.3f} | {r['ratio']:.2f}x | {r['status']} | {proven} |")
+
+
 HEADER = ("| layers | joint nodes | budget | method | plan time s | objective (estimated µs) "
           "| gap to best | status | proven gap |\n|---|---|---|---|---|---|---|---|---|")
 
@@ -121,7 +184,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per solve (default 30)")
     parser.add_argument("--methods", nargs="+", help="only these methods (default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS / "solvers.json")
+    parser.add_argument("--cold", action="store_true",
+                        help="cold plan time (empty cache, budget resolution included) against PyTorch's partition "
+                             "time, per solver of --methods (default greedy dp mincut cpsat ilp)")
     args = parser.parse_args(argv)
+    if args.cold:
+        print(COLD_HEADER, flush=True)
+        rows = cold(args.layers, args.budgets, args.methods or ["greedy", "dp", "mincut", "cpsat", "ilp"], args.time_limit)
+        out = args.out.with_name(args.out.stem + "-cold.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"meta": {"torch": torch.__version__, "cpus": os.cpu_count(),
+                                            "time_limit": args.time_limit}, "rows": rows}, indent=1))
+        print(f"wrote {out}")
+        return
     print(HEADER, flush=True)
     rows = bench(args.layers, args.budgets, args.time_limit, args.methods)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from planner.compiler import GraphPlan, PlannerBackend, replay_graph, solve_graph
+from planner.compiler import GraphPlan, PlannerBackend, frugal_floor, replay_graph, solve_graph
 from planner.bounds import fast_end_plan
 from planner.memory import Timeline
 from planner.tracing import as_inputs, capture
@@ -20,7 +20,6 @@ from planner.frames import own_frame
 from planner.plan_file import PlanFile, read_plan_file, write_plan_file
 from planner.problem import evaluate_names
 from planner.units import format_bytes
-from solvers.frugal import min_peak_plan
 
 __all__ = ["plan", "Plan", "Prediction"]
 
@@ -33,7 +32,7 @@ class Prediction:
     peak_bytes: int  # peak activation memory over the step, as the solvers bound it, bytes
     recompute_seconds: float  # extra runtime spent recomputing in the backward, seconds
     step_seconds: float  # estimated runtime of the step without recomputation, seconds
-    min_peak_bytes: int  # peak of the most memory-frugal plan (budget 0.0)
+    min_peak_bytes: int  # peak of the frugal end (budget 0.0): the frugal reference, or the exact search's plan where it ran
     max_peak_bytes: int  # peak of the fast end (budget 1.0, planner.bounds.fast_end_plan)
 
     @property
@@ -77,7 +76,7 @@ class Plan:
             peak_bytes=self.decision.peak_bytes,
             recompute_seconds=self.decision.recompute_seconds,
             step_seconds=self.graph_plan.step_seconds,
-            min_peak_bytes=min_peak_plan(problem, self.config.time_limit).plan.peak_bytes,
+            min_peak_bytes=frugal_floor(self.config, problem).peak_bytes,
             max_peak_bytes=fast_end_plan(problem).peak_bytes,
         )
 

@@ -54,19 +54,20 @@ class Budget:
                 raise ConfigError(f"memory_budget: {err}") from None
         raise ConfigError(_HELP.format(value=repr(value)))
 
-    def resolve(self, problem: Problem, time_limit: float = 60.0) -> int:
-        """The peak budget in bytes for this problem; a fraction below 1 needs the most frugal
-        plan, found exactly within ``time_limit`` seconds (1.0 is the peak of
-        :func:`~planner.bounds.fast_end_plan`, which needs no search)."""
+    def resolve(self, problem: Problem, least_peak: int | None = None) -> int:
+        """The peak budget in bytes for this problem. A fraction is of the range from
+        ``least_peak`` (by default the frugal reference's peak, :mod:`solvers.reference`: found
+        in a fraction of a second, the same on every run) to the fast end's peak
+        (:func:`~planner.bounds.fast_end_plan`)."""
         if self.nbytes is not None:
             return self.nbytes
         hi = fast_end_plan(problem).peak_bytes
         if self.fraction == 1.0:
             return hi
-        from solvers.frugal import min_peak_plan  # solvers build on planner, not the reverse
-
-        lo = min_peak_plan(problem, time_limit).plan.peak_bytes
-        return lo + int((hi - lo) * self.fraction)
+        if least_peak is None:
+            from solvers.reference import reference_plan  # solvers build on planner, not the reverse
+            least_peak = reference_plan(problem).peak_bytes
+        return least_peak + int((hi - least_peak) * self.fraction)
 
     def __str__(self) -> str:
         return f"{self.fraction:g}" if self.fraction is not None else format_bytes(self.nbytes)

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from estimators import get_estimator
 from planner import _torch_compat
+from planner.bounds import runtime_optimal_plan
 from planner.build import build_problem, estimate_step_seconds
 from planner.tracing import make_backend
 from planner.config import PlannerConfig
@@ -21,8 +22,11 @@ from planner.errors import PlanFileError
 from planner.frames import own_frame
 from planner.graph import JointGraph
 from planner.memory import Timeline, simulate
-from planner.problem import InfeasibleDecision, Problem, evaluate_names
+from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
 from solvers import get_solver
+from solvers.base import Solver
+from solvers.frugal import min_peak_plan
+from solvers.reference import reference_plan
 
 __all__ = ["backend", "compile", "named_backend", "named_plans", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
 
@@ -49,12 +53,42 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0) -
 
     def solve(problem: Problem) -> Decision:
         solver = get_solver(config.solver, time_limit=config.time_limit, **config.solver_options)
-        budget = config.budget.resolve(problem, config.time_limit)
-        if config.budget.nbytes is not None:
-            budget = max(0, budget - held_bytes)
-        return solver.solve(problem, budget)
+        budget = config.budget
+        exact = exact_frugal_search(config, solver, problem, held_bytes)
+        least = min_peak_plan(problem, config.time_limit) if exact else None
+        nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None)
+        if budget.nbytes is not None:
+            nbytes = max(0, nbytes - held_bytes)
+        if least is None:
+            return solver.solve(problem, nbytes)
+        return solver.solve(problem, nbytes, frugal=least.plan, frugal_proven=least.optimal)
 
     return _plan_graph(joint, config, solve)
+
+
+def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem, held_bytes: int = 0) -> bool:
+    """Whether planning this graph runs the exact least-peak search (``config.frugal_search``):
+    where it changes the answer, budget 0 with an exact solver or an absolute budget below the
+    frugal reference's peak given to one; always with ``"exact"``; never with ``"reference"``."""
+    if config.frugal_search != "auto":
+        return config.frugal_search == "exact"
+    if not solver.exact:
+        return False
+    budget = config.budget
+    if budget.fraction is not None:
+        return budget.fraction == 0.0
+    below = budget.nbytes - held_bytes
+    return below < runtime_optimal_plan(problem).peak_bytes and below < reference_plan(problem).peak_bytes
+
+
+def frugal_floor(config: PlannerConfig, problem: Problem, held_bytes: int = 0) -> Evaluation:
+    """The frugal end (budget 0) that planning this graph with ``config`` uses: the exact
+    least-peak plan where :func:`exact_frugal_search` says it runs (kept once searched), else the
+    frugal reference."""
+    solver = get_solver(config.solver, time_limit=config.time_limit, **config.solver_options)
+    if exact_frugal_search(config, solver, problem, held_bytes):
+        return min_peak_plan(problem, config.time_limit).plan
+    return reference_plan(problem)
 
 
 def replay_graph(joint: JointGraph, config: PlannerConfig, decision: Decision) -> GraphPlan:

@@ -10,7 +10,9 @@ from planner.budget import Budget
 from planner.tracing import CODEGENS
 from planner.errors import ConfigError
 
-__all__ = ["PlannerConfig"]
+__all__ = ["PlannerConfig", "FRUGAL_SEARCHES"]
+
+FRUGAL_SEARCHES = ("auto", "exact", "reference")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,11 @@ class PlannerConfig:
     inductor_options : inductor config settings for planned graphs, over the planner's own
         (``allow_buffer_reuse`` and ``reorder_for_peak_memory`` off: see
         :func:`planner._torch_compat.inductor_compile`); ``codegen="inductor"`` only.
+    frugal_search : where budget 0 lies. ``"auto"``: the frugal reference (a local search, fast
+        and deterministic), except that an exact solver at budget 0, or given an absolute budget
+        below the reference's peak, runs the exact least-peak search (CP-SAT, up to
+        ``time_limit``); ``"exact"``: fractions are of the range from the exact least peak
+        too; ``"reference"``: the exact search never runs.
     """
 
     memory_budget: float | int | str = 1.0
@@ -40,6 +47,7 @@ class PlannerConfig:
     solver_options: dict[str, Any] = field(default_factory=dict)
     estimator_options: dict[str, Any] = field(default_factory=dict)
     inductor_options: dict[str, Any] = field(default_factory=dict)
+    frugal_search: str = "auto"
 
     def __post_init__(self) -> None:
         from estimators import available_estimators
@@ -49,6 +57,7 @@ class PlannerConfig:
         _check_choice("solver", self.solver, available_solvers())
         _check_choice("estimator", self.estimator, available_estimators())
         _check_choice("codegen", self.codegen, list(CODEGENS))
+        _check_choice("frugal_search", self.frugal_search, list(FRUGAL_SEARCHES))
         if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or not self.time_limit > 0:
             raise ConfigError(f"time_limit={self.time_limit!r} is invalid; give a positive number of seconds")
         for name in ("solver_options", "estimator_options", "inductor_options"):

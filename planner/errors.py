@@ -30,17 +30,25 @@ class InfeasibleBudget(PlannerError):
     budget_bytes : int
         The budget that was asked for, in bytes.
     min_feasible_bytes : int
-        The smallest budget, in bytes, for which a plan exists.
+        The smallest budget, in bytes, for which a plan is known.
+    proven : bool
+        Whether no plan exists below ``min_feasible_bytes`` (an exact search proved it, or ran
+        out of time without going lower), or it is the peak of the fast frugal reference, which
+        only an exact solver searches below.
     """
 
-    def __init__(self, budget_bytes: int, min_feasible_bytes: int, what: str = "saved activations"):
+    def __init__(self, budget_bytes: int, min_feasible_bytes: int, proven: bool = True):
         self.budget_bytes = int(budget_bytes)
         self.min_feasible_bytes = int(min_feasible_bytes)
+        self.proven = proven
+        smallest = ("the smallest feasible budget" if proven
+                    else "the least peak of the frugal reference, the smallest budget this solver can meet,")
+        hint = ("" if proven else "; the exact least-peak search looks below it (budget 0.0 with solver 'cpsat' or "
+                                  "'ilp', or frugal_search='exact')")
         super().__init__(
-            f"memory budget of {format_bytes(budget_bytes)} for {what} is below the smallest "
-            f"feasible budget of {format_bytes(min_feasible_bytes)} ({self.min_feasible_bytes} bytes); "
-            f"raise memory_budget to at least {self.min_feasible_bytes} bytes, or use the fraction 0.0 "
-            f"for the most memory-frugal plan"
+            f"memory budget of {format_bytes(budget_bytes)} for peak activation memory is below {smallest} "
+            f"{format_bytes(min_feasible_bytes)} ({self.min_feasible_bytes} bytes); raise memory_budget to at "
+            f"least {self.min_feasible_bytes} bytes, or use the fraction 0.0 for the most memory-frugal plan{hint}"
         )
 
 

@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from planner.errors import PlannerError
-from planner.schedule import Profile, Schedule, profile
+from planner.schedule import Profile, Schedule, consumers, profile
 
 __all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "memory_profile"]
 
@@ -95,6 +95,11 @@ class Problem:
             return np.array([lookup[n] for n in names], dtype=np.int64)
         except KeyError as err:
             raise InfeasibleDecision(f"node {err.args[0]!r} is not a node of this problem") from None
+
+    @cached_property
+    def consumers(self) -> list[list[int]]:
+        """Per node, the non-view nodes that read its storage (:func:`planner.schedule.consumers`)."""
+        return consumers(self.inputs, self.schedule.owner)
 
     @cached_property
     def _index_of(self) -> dict[str, int]:
@@ -183,7 +188,7 @@ def _rng_bytes(problem: Problem, recomputed: np.ndarray) -> int:
 
 def _profile(problem: Problem, saved: np.ndarray, recomputed: np.ndarray) -> Profile:
     rng = _rng_bytes(problem, recomputed)
-    return profile(problem.schedule, problem.inputs, problem.nbytes, saved, recomputed, rng)
+    return profile(problem.schedule, problem.inputs, problem.nbytes, saved, recomputed, rng, problem.consumers)
 
 
 def evaluate_names(problem: Problem, saved: Iterable[str]) -> Evaluation:

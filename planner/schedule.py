@@ -148,37 +148,49 @@ def profile(
     saved: np.ndarray,
     recomputed: np.ndarray,
     rng_bytes: int,
+    cons: list[list[int]] | None = None,
 ) -> Profile:
     """Memory at every forward and backward step for a pruned plan (see the module docstring).
 
     ``saved`` and ``recomputed`` are the masks of :func:`planner.problem.evaluate`; ``rng_bytes``
-    is the RNG state kept for all recomputed random ops together.
+    is the RNG state kept for all recomputed random ops together; ``cons`` is
+    :func:`consumers` of ``inputs``, computed here when not given.
     """
     s = schedule
     n, steps = len(s.owner), s.num_steps
-    cons = consumers(inputs, s.owner)
+    cons = consumers(inputs, s.owner) if cons is None else cons
     own = s.owner == np.arange(n)
     made = _made_at(s, cons, recomputed & own)
     until = _read_until(s, cons, recomputed & own, made)
     fwd = np.zeros(n + 1, dtype=np.int64)
+    kept = np.flatnonzero(own & saved)
+    np.add.at(fwd, kept, nbytes[kept])
+    passing = np.flatnonzero(own & ~saved & (s.transient > 0))
+    np.add.at(fwd, passing, s.transient[passing])
+    np.add.at(fwd, s.fwd_last[passing] + 1, -s.transient[passing])
+    # backward: each saved value and recomputed copy is alive from its start to its end step
+    alive = np.flatnonzero(own & (saved | recomputed) & ~s.held.astype(bool))
+    until_at = np.full(n + 1, -1, dtype=np.int64)  # slot n: a reader that is not a recomputed copy
+    until_at[list(until)] = list(until.values())
+    end = s.last_read[alive].astype(np.int64)
+    lengths = np.array([len(cons[e]) for e in alive], dtype=np.int64)
+    if lengths.any():
+        readers = np.fromiter((w for e in alive for w in cons[e]), dtype=np.int64, count=int(lengths.sum()))
+        read_until = np.where(recomputed[readers], until_at[readers], -1)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        has = lengths > 0
+        end[has] = np.maximum(end[has], np.maximum.reduceat(read_until, starts[has]))
+    live = end >= 0
+    alive, end = alive[live], end[live]
+    is_saved = saved[alive]
+    size = np.where(is_saved, nbytes[alive], s.copy_bytes[alive]).astype(np.int64)
+    start = np.array([0 if k else made[int(e)] for e, k in zip(alive, is_saved)], dtype=np.int64)
     bwd = np.zeros(steps + 1, dtype=np.int64)
+    np.add.at(bwd, start, size)
+    np.add.at(bwd, end + 1, -size)
     reused = s.reuse_base.copy()
-    for e in np.flatnonzero(own):
-        if saved[e]:
-            fwd[e] += nbytes[e]
-        elif s.transient[e]:
-            fwd[e] += s.transient[e]
-            fwd[s.fwd_last[e] + 1] -= s.transient[e]
-        if not (saved[e] or recomputed[e]) or s.held[e]:
-            continue
-        end = max([int(s.last_read[e])] + [until[w] for w in cons[e] if recomputed[w]])
-        if end < 0:
-            continue
-        size, start = (nbytes[e], 0) if saved[e] else (s.copy_bytes[e], made[e])
-        bwd[start] += size
-        bwd[end + 1] -= size
-        if end == s.last_read[e] and size and s.reuse[end] == size:
-            reused[end] = True  # read last by the kernel of step `end`, which writes into it
+    last = (end == s.last_read[alive]) & (size > 0) & (s.reuse[np.minimum(end, steps - 1)] == size) & (end < steps)
+    reused[end[last]] = True  # read last by the kernel of step `end`, which writes into it
     memory = np.cumsum(bwd)[:steps] + s.base + rng_bytes - np.where(reused, s.reuse, 0)
     return Profile(np.cumsum(fwd)[:n] + s.fwd_base + rng_bytes, memory)
 

@@ -12,7 +12,7 @@ from planner.bounds import SECONDS_UNIT, runtime_optimal_plan
 from planner.decision import Decision, Status
 from planner.errors import ConfigError, InfeasibleBudget, SolverError
 from planner.problem import Evaluation, Problem, evaluate
-from solvers.frugal import min_peak_plan
+from solvers.reference import reference_plan
 
 __all__ = ["Solver", "CapacitySolver", "Solution", "relative_gap"]
 
@@ -48,6 +48,9 @@ class Solver(ABC):
     """
 
     name: ClassVar[str]
+    # Whether the solver bounds its plans' peak exactly (memory rows), so that it can use the
+    # exact least-peak plan: budget 0 with it runs the exact search (planner.compiler.solve_graph).
+    exact: ClassVar[bool] = False
 
     def __init__(self, time_limit: float = 60.0) -> None:
         if not time_limit > 0:
@@ -60,25 +63,31 @@ class Solver(ABC):
             raise ConfigError(f"{self.name} {option} must be a positive int, got {value!r}")
         return value
 
-    def solve(self, problem: Problem, budget_bytes: int) -> Decision:
+    def solve(self, problem: Problem, budget_bytes: int, frugal: Evaluation | None = None,
+              frugal_proven: bool = False) -> Decision:
         """Return a feasible decision whose peak memory is at most ``budget_bytes``.
+
+        ``frugal`` is the lowest-peak plan known, the search's floor: by default the frugal
+        reference (:func:`solvers.reference.reference_plan`, fast and deterministic); the
+        exact least-peak plan (:func:`solvers.frugal.min_peak_plan`) where the caller ran that
+        search, with ``frugal_proven`` when it proved no plan lies below.
 
         Raises
         ------
         InfeasibleBudget
-            If the budget is below the most frugal plan's peak; it carries that peak.
+            If the budget is below ``frugal``'s peak; it carries that peak.
         SolverError
             If the back end fails to produce a plan within the budget.
         """
         start = time.perf_counter()
         deadline = time.monotonic() + self.time_limit  # the limit covers the whole solve
         fast = runtime_optimal_plan(problem)
-        if budget_bytes >= fast.peak_bytes:  # no frugal search needed: the fastest plan fits
+        if budget_bytes >= fast.peak_bytes:  # no frugal plan needed: the fastest plan fits
             solution = Solution(fast.saved, *_fast_status(problem, fast))
         else:
-            frugal = min_peak_plan(problem, self.time_limit).plan
+            frugal = reference_plan(problem) if frugal is None else frugal
             if budget_bytes < frugal.peak_bytes:
-                raise InfeasibleBudget(budget_bytes, frugal.peak_bytes)
+                raise InfeasibleBudget(budget_bytes, frugal.peak_bytes, proven=frugal_proven)
             solution = self._solve(problem, int(budget_bytes), frugal, fast, deadline)
         result = evaluate(problem, solution.saved)
         if result.peak_bytes > budget_bytes:

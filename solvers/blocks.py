@@ -89,7 +89,8 @@ def _longest_run(flags: np.ndarray) -> tuple[int, int]:
 
 def boundary_saves(problem: Problem, blocks: Blocks, strides: tuple[int, ...] = (1, 2, 3)) -> list[np.ndarray]:
     """Per stride ``k``: the saved set holding every value read across a cut before every
-    ``k``-th block (and after the last), the nodes between two cuts left to recompute; what
+    ``k``-th block (and after the last, and one period before and after the blocks), the nodes
+    between two cuts left to recompute; what
     the backward cannot recompute is not added here (the caller adds it).
 
     Stride 1 is per-block checkpointing; larger strides keep fewer boundaries and recompute
@@ -106,9 +107,13 @@ def boundary_saves(problem: Problem, blocks: Blocks, strides: tuple[int, ...] = 
         if stride > blocks.count:
             break
         cuts = [blocks.start + k * blocks.period for k in range(0, blocks.count + 1, stride)]
-        cuts.append(blocks.start + blocks.count * blocks.period)
+        end = blocks.start + blocks.count * blocks.period
+        # and a block's length beyond each end: the first and last layers of a model often
+        # differ a little from the rest (they read the embedding, feed the head), so the
+        # blocks found miss them
+        cuts += [end, blocks.start - blocks.period, end + blocks.period]
         saved = np.zeros(n, dtype=bool)
-        for cut in sorted(set(cuts)):
+        for cut in sorted({c for c in cuts if 0 < c < n}):
             saved |= (index < cut) & (last_reader >= cut)
         saved[problem.schedule.owner[saved]] = True  # a view crossing a cut keeps its base
         plans.append(saved & problem.saveable)

@@ -37,6 +37,7 @@ class CPSATSolver(Solver):
     """
 
     name = "cpsat"
+    exact = True
 
     def __init__(self, time_limit: float = 60.0, workers: int | None = None) -> None:
         super().__init__(time_limit)

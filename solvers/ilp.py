@@ -56,6 +56,7 @@ class ILPSolver(Solver):
     """
 
     name = "ilp"
+    exact = True
 
     def __init__(self, time_limit: float = 60.0, backend: str = "highs") -> None:
         super().__init__(time_limit)
@@ -131,7 +132,7 @@ def heuristic_start(problem: Problem, budget_bytes: int, frugal: Evaluation, dea
 
     found = [("frugal", frugal)]
     for kind in (MinCutSolver, GreedySolver):
-        plan = evaluate_names(problem, kind(time_limit=share(0.1)).solve(problem, budget_bytes).saved)
+        plan = evaluate_names(problem, kind(time_limit=share(0.1)).solve(problem, budget_bytes, frugal=frugal).saved)
         if plan.peak_bytes <= budget_bytes:
             found.append((kind.name, plan))
     rounded = round_relaxation(problem, budget_bytes, time.monotonic() + share(ROUNDING_SHARE), steps)

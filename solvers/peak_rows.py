@@ -29,7 +29,6 @@ from typing import Callable
 import numpy as np
 
 from planner.problem import Evaluation, Problem, memory_profile
-from planner.schedule import consumers
 from solvers.graph_model import GraphModel, RowBuilder
 
 __all__ = ["PeakRows", "Limit", "Round", "Steps", "solve_within_peak", "memory_unit"]
@@ -53,7 +52,7 @@ class PeakRows:
         n = len(problem)
         self.problem, self.base, self.schedule = problem, base, s
         self.own = s.owner == np.arange(n)
-        self.cons = consumers(problem.inputs, s.owner)
+        self.cons = problem.consumers
         self.rvar, self.svar = base.recomputed_var, base.saved_var
         never = s.num_steps + 1
         earliest = np.full(n, never, dtype=np.int64)

@@ -1,5 +1,5 @@
-"""The most frugal plan is searched once per memory model and kept on disk, so fraction budgets
-resolve to the same bytes from run to run."""
+"""The exact least-peak plan is searched once per memory model and kept on disk, so budget 0 (and
+fractions with ``frugal_search="exact"``) resolve to the same bytes from run to run."""
 import json
 from dataclasses import replace
 
@@ -47,12 +47,12 @@ PROBLEM = random_problem(0, 12, timed=True)  # the fastest plan peaks above the 
 def test_a_later_process_reads_the_plan_and_resolves_the_same_budget(cache, monkeypatch):
     first = frugal.min_peak_plan(PROBLEM)
     assert first.plan.peak_bytes == brute_force_min_peak(PROBLEM)
-    budget = Budget(fraction=0.3).resolve(PROBLEM)
+    budget = Budget(fraction=0.3).resolve(PROBLEM, first.plan.peak_bytes)
     new_process(monkeypatch)
     again = frugal.min_peak_plan(PROBLEM)
     assert np.array_equal(again.plan.saved, first.plan.saved) and again.optimal == first.optimal
     assert again.stats["cache"] == str(cache_file(cache))
-    assert Budget(fraction=0.3).resolve(PROBLEM) == budget
+    assert Budget(fraction=0.3).resolve(PROBLEM, again.plan.peak_bytes) == budget
 
 
 def test_an_unproven_plan_searched_for_less_time_is_searched_again_keeping_the_lower_peak(cache, monkeypatch):

@@ -13,6 +13,7 @@ from planner.problem import evaluate_names
 from solvers import available_solvers, get_solver
 from solvers.knapsack_items import knapsack_items
 from solvers.frugal import min_peak_plan
+from solvers.reference import reference_plan
 from tests.synthetic import all_plans, brute_force, brute_force_min_peak, priced_problems, problems, random_problem, timed_problems
 
 SOLVERS = available_solvers()
@@ -58,9 +59,10 @@ def test_exact_solvers_equal_brute_force(name, options, problem, fraction):
 def test_exact_solvers_equal_brute_force_on_peak_memory(name, options, problem, fraction):
     # Random schedules: the time-indexed memory rows, added lazily, must reach the true optimum.
     frugal, fast = brute_force_min_peak(problem), runtime_optimal_plan(problem).peak_bytes
-    assert min_peak_plan(problem).plan.peak_bytes == frugal
+    least = min_peak_plan(problem)
+    assert least.plan.peak_bytes == frugal and least.optimal
     budget = frugal + int((fast - frugal) * fraction)
-    decision = get_solver(name, **options).solve(problem, budget)
+    decision = get_solver(name, **options).solve(problem, budget, frugal=least.plan, frugal_proven=True)
     assert decision.status == Status.OPTIMAL and decision.peak_bytes <= budget
     tolerance = 1e-4 * problem.runtime.max() + 1e-12
     assert decision.seconds == pytest.approx(brute_force(problem, budget).seconds, abs=tolerance)
@@ -70,7 +72,7 @@ def test_exact_solvers_equal_brute_force_on_peak_memory(name, options, problem, 
 @given(timed_problems, st.floats(0, 1))
 @pytest.mark.parametrize("name", ["greedy", "dp", "mincut"])
 def test_heuristics_fit_the_peak_budget(name, problem, fraction):
-    frugal, fast = min_peak_plan(problem).plan.peak_bytes, runtime_optimal_plan(problem).peak_bytes
+    frugal, fast = reference_plan(problem).peak_bytes, runtime_optimal_plan(problem).peak_bytes
     budget = frugal + int((fast - frugal) * fraction)
     decision = get_solver(name).solve(problem, budget)
     assert decision.peak_bytes == evaluate_names(problem, decision.saved).peak_bytes <= budget
@@ -219,9 +221,10 @@ def test_runtime_optimal_plan_is_the_least_seconds_of_all_plans(problem):
 @given(priced_problems, st.floats(0, 1))
 @pytest.mark.parametrize("name,options", EXACT)
 def test_exact_solvers_equal_brute_force_with_save_costs(name, options, problem, fraction):
-    frugal, fast = min_peak_plan(problem).plan.peak_bytes, runtime_optimal_plan(problem).peak_bytes
+    least = min_peak_plan(problem)
+    frugal, fast = least.plan.peak_bytes, runtime_optimal_plan(problem).peak_bytes
     budget = frugal + int((fast - frugal) * fraction)
-    decision = get_solver(name, **options).solve(problem, budget)
+    decision = get_solver(name, **options).solve(problem, budget, frugal=least.plan, frugal_proven=least.optimal)
     assert decision.status == Status.OPTIMAL and decision.peak_bytes <= budget
     tolerance = 1e-4 * max(problem.runtime.max(), problem.save_seconds.max()) + 1e-9 * len(problem)
     assert decision.seconds == pytest.approx(brute_force(problem, budget).seconds, abs=tolerance)
@@ -231,7 +234,7 @@ def test_exact_solvers_equal_brute_force_with_save_costs(name, options, problem,
 @given(priced_problems, st.floats(0, 1))
 @pytest.mark.parametrize("name", SOLVERS)
 def test_every_solver_reports_the_save_seconds_of_its_plan(name, problem, fraction):
-    frugal, fast = min_peak_plan(problem).plan.peak_bytes, runtime_optimal_plan(problem).peak_bytes
+    frugal, fast = reference_plan(problem).peak_bytes, runtime_optimal_plan(problem).peak_bytes
     budget = frugal + int((fast - frugal) * fraction)
     decision = get_solver(name).solve(problem, budget)
     result = evaluate_names(problem, decision.saved)

@@ -1,0 +1,77 @@
+"""The frugal reference: budget fractions resolve against it, fast, with no exact search, and
+the same on every run; the exact least-peak search runs only where it changes the answer."""
+import numpy as np
+import pytest
+
+import planner
+from planner.errors import InfeasibleBudget
+from solvers import frugal, get_solver, reference
+from solvers.blocks import boundary_saves, find_blocks
+from tests.models import MODELS
+from tests.synthetic import brute_force_min_peak, random_problem, tiled_problem
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """An empty cache directory and a process that has found nothing yet."""
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(frugal, "_FOUND", {})
+    monkeypatch.setattr(reference, "_FOUND", {})
+    searches = []
+
+    def count(problem, time_limit, search=frugal._min_peak_plan):
+        searches.append(problem)
+        return search(problem, time_limit)
+
+    monkeypatch.setattr(frugal, "_min_peak_plan", count)
+    return searches
+
+
+@pytest.mark.parametrize("seed,size,count", [(0, 7, 4), (1, 12, 3), (2, 5, 9)])
+def test_the_per_block_plan_saves_the_values_crossing_each_cut(seed, size, count):
+    problem = tiled_problem(seed, size, count)
+    blocks = find_blocks(problem)
+    n, end = len(problem), blocks.start + blocks.count * blocks.period
+    # In a chain of tiles only a block's last node is read across a cut (by the next first node).
+    for stride, saved in enumerate(boundary_saves(problem, blocks), start=1):
+        cuts = {blocks.start + k * blocks.period for k in range(0, blocks.count + 1, stride)}
+        cuts |= {end, blocks.start - blocks.period, end + blocks.period}
+        assert set(np.flatnonzero(saved)) == {c - 1 for c in cuts if 0 < c < n}
+
+
+@pytest.mark.parametrize("problem", [random_problem(0, 12, timed=True), tiled_problem(3, 8, 6)], ids=["random", "tiled"])
+def test_the_reference_is_the_same_in_a_new_process_and_never_below_the_least_peak(fresh, monkeypatch, problem):
+    first = reference.reference_plan(problem)
+    monkeypatch.setattr(reference, "_FOUND", {})
+    again = reference.reference_plan(problem)
+    assert np.array_equal(first.saved, again.saved) and first.peak_bytes == again.peak_bytes
+    assert first.peak_bytes >= brute_force_min_peak(problem)
+    assert planner.Budget(fraction=0.0).resolve(problem) == first.peak_bytes
+    assert fresh == []  # the exact search never ran
+
+
+def test_a_fraction_plans_cold_without_the_exact_search_and_budget_zero_runs_it_for_exact_solvers(fresh):
+    model, inputs = MODELS["gpt"]()
+    config = planner.PlannerConfig(codegen="eager", time_limit=10)
+    for solver in ("greedy", "mincut", "dp"):
+        for fraction in (0.5, 0.0):
+            planner.plan(model, inputs, memory_budget=fraction, solver=solver, config=config)
+    for fraction in (0.5, 0.2):
+        planner.plan(model, inputs, memory_budget=fraction, solver="cpsat", config=config)
+    assert fresh == []
+    zero = planner.plan(model, inputs, memory_budget=0.0, solver="cpsat", config=config)
+    assert len(fresh) == 1
+    least = frugal.min_peak_plan(zero.graph_plan.problem).plan.peak_bytes
+    assert zero.decision.peak_bytes <= zero.decision.budget_bytes == least == zero.predicted.min_peak_bytes
+    assert least <= reference.reference_plan(zero.graph_plan.problem).peak_bytes
+    # asked for: fractions resolve against the exact least peak (searched once, kept)
+    half = planner.plan(model, inputs, memory_budget=0.5, solver="greedy", config=config.replace(frugal_search="exact"))
+    assert half.predicted.min_peak_bytes == least and len(fresh) == 1
+
+
+def test_a_heuristic_below_the_reference_says_so_and_names_the_exact_search():
+    problem = random_problem(0, 12, timed=True)
+    floor = reference.reference_plan(problem).peak_bytes
+    with pytest.raises(InfeasibleBudget, match="frugal_search='exact'") as err:
+        get_solver("greedy").solve(problem, floor - 1)
+    assert err.value.min_feasible_bytes == floor and not err.value.proven
