@@ -39,7 +39,7 @@ def test_the_per_block_plan_saves_the_values_crossing_each_cut(seed, size, count
         assert set(np.flatnonzero(saved)) == {c - 1 for c in cuts if 0 < c < n}
 
 
-@pytest.mark.parametrize("problem", [random_problem(0, 12, timed=True), tiled_problem(3, 8, 6)], ids=["random", "tiled"])
+@pytest.mark.parametrize("problem", [random_problem(0, 12, timed=True), tiled_problem(3, 4, 3)], ids=["random", "tiled"])
 def test_the_reference_is_the_same_in_a_new_process_and_never_below_the_least_peak(fresh, monkeypatch, problem):
     first = reference.reference_plan(problem)
     monkeypatch.setattr(reference, "_FOUND", {})
