@@ -113,7 +113,6 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
     copy of the captured joint graph (the copy is not timed).
     """
     import copy
-    import os
     import tempfile
 
     from planner.compiler import solve_graph

@@ -90,17 +90,15 @@ def _longest_run(flags: np.ndarray) -> tuple[int, int]:
 def boundary_saves(problem: Problem, blocks: Blocks, strides: tuple[int, ...] = (1, 2, 3)) -> list[np.ndarray]:
     """Per stride ``k``: the saved set holding every value read across a cut before every
     ``k``-th block (and after the last, and one period before and after the blocks), the nodes
-    between two cuts left to recompute; what
-    the backward cannot recompute is not added here (the caller adds it).
+    between two cuts left to recompute; what the backward cannot recompute is not added here
+    (the caller adds it).
 
     Stride 1 is per-block checkpointing; larger strides keep fewer boundaries and recompute
     more blocks at once, which lowers the peak where the boundaries outweigh a block's work.
     """
     n = len(problem)
     last_reader = np.full(n, -1, dtype=np.int64)
-    for j, ins in enumerate(problem.inputs):
-        if len(ins):
-            np.maximum.at(last_reader, ins, j)
+    np.maximum.at(last_reader, problem.input_idx, np.repeat(np.arange(n), np.diff(problem.input_ptr)))
     index = np.arange(n)
     plans = []
     for stride in strides:

@@ -53,7 +53,7 @@ def starting_plans(problem: Problem) -> list[Evaluation]:
     covering a quarter of the nodes (with what the least-saved-bytes plan must save besides);
     and the runtime-optimal plan unless :func:`starts_from_fastest` says the blocks suffice."""
     least_bytes = min_memory_plan(problem)
-    plans = [least_bytes] if starts_from_fastest(problem) is False else [runtime_optimal_plan(problem), least_bytes]
+    plans = [runtime_optimal_plan(problem), least_bytes] if starts_from_fastest(problem) else [least_bytes]
     blocks = find_blocks(problem, min_count=3, min_cover=0.25)
     if blocks is None:
         return plans
