@@ -15,6 +15,7 @@ from planner.memory import Timeline
 from planner.tracing import as_inputs, capture
 from planner.config import PlannerConfig
 from planner.decision import Decision
+from planner.distributed import from_rank0, world
 from planner.errors import PlanFileError
 from planner.frames import own_frame
 from planner.plan_file import PlanFile, read_plan_file, write_plan_file
@@ -128,6 +129,8 @@ def plan(
     Keyword arguments override the fields of ``config`` (default :class:`PlannerConfig`).
     With ``plan_file``, an existing file is reused without solving when it was made for this
     graph and these settings (and refused otherwise); a missing one is written after solving.
+    Under ``torch.distributed`` every rank calls ``plan`` alike: rank 0 solves, the others get its
+    decision (:mod:`planner.distributed`), and rank 0 alone writes ``plan_file``.
 
     Raises
     ------
@@ -142,7 +145,8 @@ def plan(
     """
     config = (config or PlannerConfig()).replace(memory_budget=memory_budget, solver=solver, estimator=estimator)
     joint = capture(model, as_inputs(example_inputs), codegen=config.codegen, inductor_options=config.inductor_options)
-    if plan_file is not None and Path(plan_file).exists():
+    # every rank takes rank 0's view of the file, so all of them replay it or all solve together
+    if plan_file is not None and from_rank0(Path(plan_file).exists):
         stored = read_plan_file(plan_file)
         if stored.fingerprint != joint.fingerprint:
             raise PlanFileError(
@@ -156,7 +160,7 @@ def plan(
             )
         return Plan(model, replay_graph(joint, config, stored.decision), config)
     result = Plan(model, solve_graph(joint, config), config)
-    if plan_file is not None:
+    if plan_file is not None and world()[0] == 0:
         result.save(plan_file)
     return result
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -17,6 +18,8 @@ from planner.build import build_problem, estimate_step_seconds
 from planner.tracing import make_backend
 from planner.config import PlannerConfig
 from planner.decision import Decision
+from planner.decisions import decision_key, reuse_or_solve
+from planner.distributed import agree_on_graph, decide_on_rank0
 from planner.emit import emit
 from planner.errors import PlanFileError
 from planner.frames import own_frame
@@ -49,6 +52,10 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0) -
     ``held_bytes`` are kept alive while this graph runs by graphs that ran before it in the
     step (their saved values and outputs): an absolute budget bounds the step's peak, so this
     graph gets what they leave of it. A fraction is of this graph's own range.
+
+    A graph solved before with the same settings reuses that decision (:mod:`planner.decisions`).
+    Under ``torch.distributed``, the ranks check that they compiled the same graph and rank 0
+    decides for all of them (:mod:`planner.distributed`).
     """
 
     def solve(problem: Problem) -> Decision:
@@ -63,7 +70,14 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0) -
             return solver.solve(problem, nbytes)
         return solver.solve(problem, nbytes, frugal=least.plan, frugal_proven=least.optimal)
 
-    return _plan_graph(joint, config, solve)
+    def decide(problem: Problem) -> Decision:
+        agree_on_graph(joint.fingerprint)
+        key = decision_key(joint, config, held_bytes)
+        kept = partial(_fits, problem, "a decision kept in the cache", "it is solved again")
+        received = partial(_fits, problem, "rank 0's decision", "give every rank the same model and settings")
+        return decide_on_rank0(lambda: reuse_or_solve(key, lambda: solve(problem), kept), received)
+
+    return _plan_graph(joint, config, decide)
 
 
 def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem, held_bytes: int = 0) -> bool:
@@ -101,13 +115,24 @@ def replay_graph(joint: JointGraph, config: PlannerConfig, decision: Decision) -
     """
 
     def check(problem: Problem) -> Decision:
-        try:
-            evaluate_names(problem, decision.saved)
-        except InfeasibleDecision as err:
-            raise PlanFileError(f"the stored plan does not fit this graph: {err}; delete the plan file to plan again") from None
-        return decision
+        return _fits(problem, "the stored plan", "delete the plan file to plan again", decision)
 
     return _plan_graph(joint, config, check)
+
+
+def _fits(problem: Problem, what: str, fix: str, decision: Decision) -> Decision:
+    """``decision`` if it names only nodes of ``problem`` and gives the backward what it needs.
+
+    Raises
+    ------
+    PlanFileError
+        Naming ``what``, the node that does not fit, and the ``fix``.
+    """
+    try:
+        evaluate_names(problem, decision.saved)
+    except InfeasibleDecision as err:
+        raise PlanFileError(f"{what} does not fit this graph: {err}; {fix}") from None
+    return decision
 
 
 def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Problem], Decision]) -> GraphPlan:

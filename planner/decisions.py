@@ -1,0 +1,91 @@
+"""Decisions kept per distinct graph and settings, so that identical graphs are solved once.
+
+A transformer compiled block by block, a model planned again in the same process, a notebook
+comparing budgets, every run of a training script: each meets graphs it has solved before. A
+decision is kept under a key of everything that decides it: the graph's fingerprint, every
+planner setting, the device the graph runs on (estimators price per device), the torch version,
+and, for an absolute budget, the bytes earlier graphs of the step hold. It is kept in memory
+for the process and in ``<cache dir>/decisions/`` (:func:`planner.cache.default_cache_dir`) for
+later ones; deleting that folder only makes the next run solve again. A reused decision says
+where it came from in ``stats["reused"]`` (``"memory"`` or ``"disk"``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from planner.cache import default_cache_dir, write_json
+from planner.config import PlannerConfig
+from planner.decision import Decision
+from planner.errors import PlannerError
+from planner.graph import JointGraph
+from planner.ops import first_tensor
+
+__all__ = ["decision_key", "reuse_or_solve", "forget_decisions"]
+
+_kept: dict[str, Decision] = {}
+
+
+def decision_key(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0) -> str:
+    """A hash of everything that decides the plan of ``joint`` under ``config``."""
+    held = held_bytes if config.budget.nbytes is not None else 0  # a fraction is of the graph's own range
+    parts = {"graph": joint.fingerprint, "settings": asdict(config), "device": _device_name(joint),
+             "torch": torch.__version__, "held_bytes": held}
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def reuse_or_solve(key: str, solve: Callable[[], Decision], check: Callable[[Decision], Decision]) -> Decision:
+    """The decision kept under ``key`` (from memory, else from the disk cache, passed through
+    ``check``, which raises if it does not fit), else ``solve()``'s, then kept under ``key``.
+    An unreadable cache file, or one ``check`` refuses, is solved again and overwritten."""
+    if key in _kept:
+        return _reused(_kept[key], "memory")
+    path = _path(key)
+    stored = _read(path)
+    if stored is not None:
+        try:
+            decision = check(stored)
+        except PlannerError:
+            decision = None  # a damaged file: solve again and overwrite it
+        if decision is not None:
+            _kept[key] = decision
+            return _reused(decision, "disk")
+    decision = solve()
+    _kept[key] = decision
+    write_json(path, decision.to_dict())
+    return decision
+
+
+def forget_decisions() -> None:
+    """Drop the decisions kept in memory (the disk cache stays)."""
+    _kept.clear()
+
+
+def _reused(decision: Decision, where: str) -> Decision:
+    return replace(decision, stats={**decision.stats, "reused": where})
+
+
+def _path(key: str) -> Path:
+    return default_cache_dir() / "decisions" / f"{key}.json"
+
+
+def _read(path: Path) -> Decision | None:
+    try:
+        return Decision.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _device_name(joint: JointGraph) -> str:
+    for node in joint.forward_nodes:
+        tensor = first_tensor(node.meta.get("val"))
+        if tensor is not None:
+            device = tensor.device
+            return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return "none"
