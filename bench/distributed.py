@@ -17,6 +17,7 @@ weights. Rank 0 prints a table per rank and the targets, and writes ``--out``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 from functools import partial
 from pathlib import Path
@@ -53,10 +54,10 @@ def methods(args) -> list[tuple[str, float | None]]:
             + [("full", None), ("selective", None)] + [("planner", b) for b in args.budgets])
 
 
-def build(engine: str, method: str, budget: float | None, cfg: LlamaConfig, args, mesh):
+def build(engine: str, method: str, budget: float | None, cfg: LlamaConfig, args, mesh, dtype=torch.bfloat16):
     """The model for one method, its step function and the planner backend (or None)."""
     rank = dist.get_rank()
-    model, batch = llama_example(cfg, device="cuda", dtype=torch.bfloat16, seed=0, batch_seed=rank)
+    model, batch = llama_example(cfg, device="cuda", dtype=dtype, seed=0, batch_seed=rank)
     backend = None
     if method == "planner":
         backend = planner.backend(memory_budget=budget, solver=args.solver, time_limit=args.time_limit)
@@ -116,6 +117,30 @@ def run_engine(engine: str, cfg: LlamaConfig, args, mesh) -> list[dict]:
     return rows
 
 
+def check_losses(engine: str, cfg: LlamaConfig, args, mesh) -> dict:
+    """fp32: losses of ``args.check_steps`` SGD steps of eager and of the planner at the lowest
+    ``--budgets`` on the same engine, and the planner's decisions on this rank."""
+    losses = {}
+    for method, budget in (("eager", None), ("planner", min(args.budgets))):
+        model, run, batch, backend = build(engine, method, budget, cfg, args, mesh, dtype=torch.float32)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        losses[method] = []
+        for _ in range(args.check_steps):
+            opt.zero_grad(set_to_none=True)
+            loss = run(*batch)
+            loss.backward()
+            opt.step()
+            losses[method].append(loss.item())
+    plans = [(g.fingerprint, len(g.decision.saved), hash_saved(g.decision.saved)) for g in backend.graphs]
+    worst = max(abs(a - b) for a, b in zip(losses["eager"], losses["planner"]))
+    return {"engine": engine, "method": "check", "rank": dist.get_rank(), "budget": min(args.budgets), **losses, "max_difference": worst,
+            "plans": plans}
+
+
+def hash_saved(saved) -> str:
+    return hashlib.sha256("\n".join(sorted(saved)).encode()).hexdigest()[:12]
+
+
 def table(rows: list[dict]) -> list[str]:
     lines = ["| engine | rank | method | budget | peak GiB | step ms | planner graphs / solves | predicted GiB |",
              "|---|---|---|---|---|---|---|---|"]
@@ -164,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="DDP's bucket size; DDP's graph splitting compiles one graph per bucket")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--check-steps", type=int, default=0,
+                        help="first train this many fp32 steps, eager and planned, and print the losses per rank")
     parser.add_argument("--out", type=Path, default=RESULTS / "distributed.json")
     args = parser.parse_args(argv)
 
@@ -178,8 +205,18 @@ def main(argv: list[str] | None = None) -> None:
     cfg = LlamaConfig(n_layer=args.layers, d_model=args.d_model, n_head=args.d_model // 128, n_kv_head=args.d_model // 256,
                       d_ff=int(args.d_model * 11 / 4), seq_len=args.seq, batch=args.batch)
     rows: list[dict] = []
+    rows_checks: list[dict] = []
     if dist.get_rank() == 0:
         print(f"{torch.cuda.get_device_name()} x {world}, torch {torch.__version__}; {cfg}", flush=True)
+    for engine in args.engines if args.check_steps else ():
+        checks: list = [None] * world
+        dist.all_gather_object(checks, check_losses(engine, cfg, args, mesh))
+        if dist.get_rank() == 0:
+            for c in checks:
+                print(f"check {c['engine']} rank {c['rank']} budget {c['budget']:g}: eager {c['eager']} planner {c['planner']} "
+                      f"max difference {c['max_difference']:.2e}; graphs (fingerprint, saved, saved-set hash) {c['plans']}",
+                      flush=True)
+        rows_checks.extend(checks)
     for engine in args.engines:
         mine = run_engine(engine, cfg, args, mesh)
         gathered: list = [None] * world
@@ -187,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         rows += [row for rank_rows in gathered for row in rank_rows]
         torch.cuda.empty_cache()
         if dist.get_rank() == 0:
-            save_rows(args.out, f"{torch.cuda.get_device_name()} x {world}", torch.__version__, rows)
+            save_rows(args.out, f"{torch.cuda.get_device_name()} x {world}", torch.__version__, rows + rows_checks)
     if dist.get_rank() == 0:
         print("\n".join(["", *table(rows), "", *targets(rows)]), flush=True)
     dist.destroy_process_group()
