@@ -47,10 +47,26 @@ def count_flops(node: fx.Node) -> int:
         return 0
     args = tree_map(_val, node.args, is_leaf=lambda x: isinstance(x, fx.Node))
     kwargs = tree_map(_val, node.kwargs, is_leaf=lambda x: isinstance(x, fx.Node))
+    if target.overloadpacket.__name__.startswith("_scaled_dot_product"):
+        args = _query_heads(args)
     counter = FlopCounterMode(display=False)
     with counter:
         target(*args, **kwargs)
     return int(counter.get_total_flops())
+
+
+def _query_heads(args: tuple) -> tuple:
+    """Attention arguments with grouped-query keys and values (fewer heads than the query, as
+    ``enable_gqa=True`` passes them) repeated to the query's heads: the FLOPs are those of the
+    repeated attention, and torch's counter accepts only equal heads."""
+    heads = max((a.shape[-3] for a in args if isinstance(a, torch.Tensor) and a.dim() == 4), default=0)
+
+    def repeat(a):
+        if isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[-3] != heads and heads % a.shape[-3] == 0:
+            return a.repeat_interleave(heads // a.shape[-3], dim=-3)
+        return a
+
+    return tuple(repeat(a) for a in args)
 
 
 def bytes_moved(node: fx.Node) -> int:

@@ -306,3 +306,18 @@ def test_auto_refuses_an_unknown_or_recursive_choice():
         get_estimator("auto", cuda="magic")
     with pytest.raises(UnknownNameError, match="auto"):
         get_estimator("auto", other="auto")
+
+
+def test_flops_of_grouped_query_attention_are_those_of_the_repeated_heads():
+    # SDPA with enable_gqa passes keys and values with fewer heads than the query; torch's
+    # counter accepts equal heads only, so the estimator counts the repeated attention
+    from estimators.flops import count_flops
+
+    def attention(q, k, v):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)[0]
+
+    q = torch.randn(2, 8, 32, 16)
+    grouped = make_fx(attention, tracing_mode="fake")(q, torch.randn(2, 2, 32, 16), torch.randn(2, 2, 32, 16))
+    repeated = make_fx(attention, tracing_mode="fake")(q, torch.randn(2, 8, 32, 16), torch.randn(2, 8, 32, 16))
+    sdpa = [[n for n in g.graph.nodes if "scaled_dot_product" in str(n.target)][0] for g in (grouped, repeated)]
+    assert count_flops(sdpa[0]) == count_flops(sdpa[1]) > 0
