@@ -58,7 +58,7 @@ def count_flops(node: fx.Node) -> int:
 def _query_heads(args: tuple) -> tuple:
     """Attention arguments with grouped-query keys and values (fewer heads than the query, as
     ``enable_gqa=True`` passes them) repeated to the query's heads: the FLOPs are those of the
-    repeated attention, and torch's counter accepts only equal heads."""
+    repeated attention, and torch 2.11's counter accepts only equal heads."""
     heads = max((a.shape[-3] for a in args if isinstance(a, torch.Tensor) and a.dim() == 4), default=0)
 
     def repeat(a):

@@ -309,7 +309,7 @@ def test_auto_refuses_an_unknown_or_recursive_choice():
 
 
 def test_flops_of_grouped_query_attention_are_those_of_the_repeated_heads():
-    # SDPA with enable_gqa passes keys and values with fewer heads than the query; torch's
+XX
     # counter accepts equal heads only, so the estimator counts the repeated attention
     from estimators.flops import count_flops
 
