@@ -145,14 +145,14 @@ def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
     return bool(GraphLowering.decide_layout_opt(module, is_inference=False))
 
 
-def compiling_frame() -> int | None:
-    """The id dynamo gives the code frame whose graph is being compiled (the same for every
-    recompile of that frame, a new one for each frame a graph break resumes in); None outside
-    a compile."""
+def compiling_frame() -> tuple[int, int] | None:
+    """The ids dynamo gives the code frame whose graph is being compiled (the same for every
+    recompile of that frame, a new one for each frame a graph break resumes in) and this compile
+    of it (a new one for each recompile); None outside a compile."""
     from torch._guards import CompileContext
 
     compile_id = CompileContext.current_compile_id()
-    return None if compile_id is None else compile_id.frame_id
+    return None if compile_id is None else (compile_id.frame_id, compile_id.frame_compile_id)
 
 
 def pytorch_partition() -> Callable:

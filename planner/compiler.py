@@ -162,6 +162,8 @@ class PlannerBackend:
         # recompile of a frame (new shapes) replaces its graph in the step, it does not add one
         self._step: dict[Any, Timeline] = {}
         self._frame: Any = None
+        self._compiling: Any = None
+        self._place = 0
         self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_options)
 
     def partition(self, joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **_: Any):
@@ -197,10 +199,16 @@ class PlannerBackend:
         return held
 
     @property
+    def step(self) -> list[Timeline]:
+        """The simulated memory of each graph of the step, in the order they run their forwards
+        (the latest compile of each part of each frame)."""
+        return list(self._step.values())
+
+    @property
     def predicted_forward(self) -> tuple[int, int]:
         """Predicted peak of the step's forwards, and the bytes they leave alive for the backward."""
         held = peak = 0
-        for timeline in self._step.values():
+        for timeline in self.step:
             peak = max(peak, held + timeline.forward_peak)
             held += timeline.held_after_forward
         return peak, held
@@ -210,13 +218,19 @@ class PlannerBackend:
         """Predicted peak activation memory of the step, over the latest graph of each frame:
         the largest of each graph's simulated peak plus what the graphs before it hold."""
         held = peak = 0
-        for timeline in self._step.values():
+        for timeline in self.step:
             peak = max(peak, held + timeline.peak)
             held += timeline.held_after_forward
         return peak
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
-        self._frame = _torch_compat.compiling_frame()
+        compiling = _torch_compat.compiling_frame()
+        # one compile of a frame may hand over several graphs, each its own part of the step
+        # (DDP's graph splitting compiles one per gradient bucket): they are told apart by their
+        # place in that compile, and a recompile of the frame replaces them place by place
+        self._place = self._place + 1 if compiling is not None and compiling == self._compiling else 0
+        self._compiling = compiling
+        self._frame = None if compiling is None else (compiling[0], self._place)
         return self._compile(gm, example_inputs)
 
 

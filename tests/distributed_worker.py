@@ -68,7 +68,8 @@ def planned_run(wrap, compile_model) -> dict:
     return {"eager": expected, "planned": actual,
             "decisions": [{"fingerprint": g.fingerprint, "saved": sorted(g.decision.saved), "stats": g.decision.stats,
                            "recomputed": int(evaluate_names(g.problem, g.decision.saved).recomputed.sum())}
-                          for g in backend.graphs]}
+                          for g in backend.graphs],
+            "step_graphs": len(backend.step)}
 
 
 def ddp_whole_model() -> dict:
