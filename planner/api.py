@@ -118,7 +118,7 @@ class Plan:
 def plan(
     model: nn.Module,
     example_inputs: Any,
-    memory_budget: float | int | str | None = None,
+    memory_budget: float | int | str | PlannerConfig | None = None,
     solver: str | None = None,
     estimator: str | None = None,
     config: PlannerConfig | None = None,
@@ -126,7 +126,8 @@ def plan(
 ) -> Plan:
     """Plan activation checkpointing for ``model`` on inputs shaped like ``example_inputs``.
 
-    Keyword arguments override the fields of ``config`` (default :class:`PlannerConfig`).
+    Keyword arguments override the fields of ``config`` (default :class:`PlannerConfig`); a
+    config may also be passed third, ``plan(model, inputs, config)``.
     With ``plan_file``, an existing file is reused without solving when it was made for this
     graph and these settings (and refused otherwise); a missing one is written after solving.
     Under ``torch.distributed`` every rank calls ``plan`` alike: rank 0 solves, the others get its
@@ -143,6 +144,8 @@ def plan(
     PlanFileError
         If ``plan_file`` is malformed, or was made for another graph or other settings.
     """
+    if isinstance(memory_budget, PlannerConfig) and config is None:  # plan(model, inputs, config)
+        memory_budget, config = None, memory_budget
     config = (config or PlannerConfig()).replace(memory_budget=memory_budget, solver=solver, estimator=estimator)
     joint = capture(model, as_inputs(example_inputs), codegen=config.codegen, inductor_options=config.inductor_options)
     # every rank takes rank 0's view of the file, so all of them replay it or all solve together

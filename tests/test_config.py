@@ -3,6 +3,7 @@ import pytest
 
 from solvers import available_solvers
 
+import planner
 from planner import PlannerConfig
 from planner.errors import ConfigError
 
@@ -53,3 +54,11 @@ def test_bad_files_name_the_problem(tmp_path, name, text, message):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         PlannerConfig.from_file(tmp_path / "absent.toml")
+
+
+def test_plan_takes_a_config_as_its_third_argument():
+    from planner.models import GPTConfig, gpt_example
+
+    model, batch = gpt_example(GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=8, vocab=32, batch=2))
+    result = planner.plan(model, batch, PlannerConfig(memory_budget=0.0, solver="greedy"))
+    assert result.config.solver == "greedy" and result.config.budget.fraction == 0.0
