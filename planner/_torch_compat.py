@@ -6,6 +6,8 @@ supports torch 2.11 through 2.13).
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable
 
 import torch
@@ -13,6 +15,7 @@ import torch.fx as fx
 
 __all__ = [
     "aot_autograd",
+    "eager_collectives",
     "extract_fwd_bwd_modules",
     "run_and_save_rng_state",
     "run_with_rng_state",
@@ -70,6 +73,20 @@ def real_tensors():
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     return unset_fake_temporarily()
+
+
+@contextlib.contextmanager
+def eager_collectives():
+    """A context in which the planner's own object collectives run as in eager code inside a
+    torch.compile partitioner: real tensors (not the compile's fake ones), and the Python
+    dispatcher AOTAutograd enables turned off. Through the Python dispatcher a gloo collective
+    queues its work holding the GIL, while gloo's worker thread may need the GIL to finish an
+    earlier work's Python callback (DDP's and FSDP2's): the two then wait for each other."""
+    from torch._dispatch.python import no_python_dispatcher
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), no_python_dispatcher():
+        yield
 
 
 def gpu_spin(cycles: int) -> None:

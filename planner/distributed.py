@@ -6,10 +6,10 @@ schedule and, with time-limited or multi-threaded solvers, could get another sav
 ranks first check that they compiled the same graph (its fingerprint), then rank 0 decides and
 sends its decision to the others, which only check it against their graph.
 
-Both steps are object collectives on the default process group, so every rank must plan its
-graphs in the same order (torch.compile does: each rank runs the same program). They wait as
-long as that group's timeout allows (``init_process_group(timeout=...)``). Without an
-initialised group, or with one rank, nothing is sent.
+Both steps are object collectives on a gloo group of all ranks that the planner makes when it
+first plans, so every rank must plan its graphs in the same order (torch.compile does: each rank
+runs the same program). They wait as long as the default timeout of process groups allows.
+Without an initialised group, or with one rank, nothing is sent.
 """
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def agree_on_graph(fingerprint: str) -> None:
     if size == 1:
         return
     fingerprints: list = [None] * size
-    with _torch_compat.real_tensors():  # the partitioner runs under torch.compile's fake mode
-        dist.all_gather_object(fingerprints, fingerprint)
+    with _torch_compat.eager_collectives():  # the partitioner runs inside torch.compile
+        dist.all_gather_object(fingerprints, fingerprint, group=_group())
     if len(set(fingerprints)) == 1:
         return
     groups: dict[str, list[int]] = {}
@@ -98,8 +98,22 @@ def from_rank0(make: Callable[[], T]) -> T:
 
 
 def _broadcast(message: list) -> None:
-    with _torch_compat.real_tensors():
-        dist.broadcast_object_list(message, src=0)
+    with _torch_compat.eager_collectives():
+        dist.broadcast_object_list(message, src=0, group=_group())
+
+
+_groups: dict = {}
+
+
+def _group():
+    """A gloo group of all ranks for the planner's own exchanges, made the first time a rank
+    plans (every rank plans its first graph at the same point of the program): the engine's
+    collectives on the default group (FSDP2's prefetched all-gathers may be in flight while a
+    block compiles) never queue behind the planner's, and objects travel on the CPU."""
+    default = dist.group.WORLD
+    if default not in _groups:
+        _groups[default] = dist.new_group(backend="gloo")
+    return _groups[default]
 
 
 def decide_on_rank0(decide: Callable[[], Decision], check: Callable[[Decision], Decision]) -> Decision:

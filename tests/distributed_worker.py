@@ -7,6 +7,7 @@ the decisions each rank planned with, and the errors raised.
 from __future__ import annotations
 
 import copy
+import faulthandler
 import json
 import sys
 import traceback
@@ -152,6 +153,7 @@ def _error_of(call) -> dict:
 
 
 def main(out: str) -> None:
+    faulthandler.dump_traceback_later(240, exit=True)  # a hang prints every thread's stack, then fails
     dist.init_process_group("gloo")
     out_dir = Path(out)
     results = {}
@@ -159,6 +161,7 @@ def main(out: str) -> None:
                            ("mismatch", mismatched_shapes), ("rank0_fails", rank0_fails),
                            ("plan_file", lambda: plan_file(out_dir))]:
         torch._dynamo.reset()
+        print(f"rank {dist.get_rank()} scenario {name}", file=sys.stderr, flush=True)
         try:
             results[name] = scenario()
         except Exception:

@@ -24,7 +24,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("distributed")
     env = os.environ | {"PYTHONPATH": str(WORKER.parent.parent), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}", str(WORKER), str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
     for rank, result in enumerate(results):
