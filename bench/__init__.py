@@ -12,6 +12,13 @@ def save_rows(path: Path, device: str, torch_version: str, rows: list[dict]) -> 
     path.write_text(json.dumps({"device": device, "torch": torch_version, "rows": rows}, indent=1))
 
 
+def fastest_within(points: list[dict], other: dict) -> dict | None:
+    """The fastest of ``points`` (rows with ``peak_activation_bytes`` and ``step_ms``) whose peak
+    is no more than ``other``'s, or None: the point that dominates ``other`` if any does."""
+    fits = [r for r in points if r["peak_activation_bytes"] <= other["peak_activation_bytes"]]
+    return min(fits, key=lambda r: r["step_ms"], default=None)
+
+
 def merge_runs(paths: list[Path]) -> tuple[str, str, list[dict]]:
     """Device, torch version and all rows of results files written by :func:`save_rows`.
 

@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 import planner
-from bench import save_rows
+from bench import fastest_within, save_rows
 from bench.gpu_step import measure, retime
 from bench.llama import LlamaConfig, llama_example
 
@@ -171,8 +171,7 @@ def targets(rows: list[dict]) -> list[str]:
         mine = [r for r in rows if (r["engine"], r["rank"]) == key]
         ours = [r for r in mine if r["method"] == "planner"]
         for other in (r for r in mine if r["method"] in ("torch.compile", "full", "selective")):
-            fits = [r for r in ours if r["peak_activation_bytes"] <= other["peak_activation_bytes"]]
-            best = min(fits, key=lambda r: r["step_ms"], default=None)
+            best = fastest_within(ours, other)
             ok = best is not None and best["step_ms"] <= 1.01 * other["step_ms"]
             name = other["method"] + ("" if other["budget"] is None else f" {other['budget']:g}")
             found = "none" if best is None else (f"planner {best['budget']:g}: {best['peak_activation_bytes'] / GIB:.3f} / "

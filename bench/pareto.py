@@ -31,7 +31,7 @@ import copy
 import time
 from pathlib import Path
 
-from bench import merge_runs, save_rows
+from bench import fastest_within, merge_runs, save_rows
 from planner.comparison import curve_label
 
 RESULTS = Path(__file__).parent / "results"
@@ -152,8 +152,7 @@ def targets(rows: list[dict]) -> list[str]:
              "|---|---|---|---|---|"]
     met = 0
     for t in torch_rows:
-        fits = [r for r in ours if r["peak_activation_bytes"] <= t["peak_activation_bytes"]]
-        best = min(fits, key=lambda r: r["step_ms"], default=None)
+        best = fastest_within(ours, t)
         ok = best is not None and best["step_ms"] <= t["step_ms"]
         met += ok
         point = "none" if best is None else f"{_point(best)}: {best['peak_activation_bytes'] / GIB:.3f} GiB / {best['step_ms']:.1f} ms"
