@@ -37,7 +37,7 @@ from estimators.timing import run_times
 from planner import _torch_compat
 from planner.cache import default_cache_dir, write_json
 from planner.memory import generated
-from planner.ops import aliased_input, first_tensor, is_getitem
+from planner.ops import aliased_input, device_name, first_tensor, is_getitem
 
 __all__ = ["ProfileEstimator", "signature", "default_cache_dir"]
 
@@ -131,8 +131,7 @@ class ProfileEstimator(Estimator):
         return _priced(node) and not (self.fuse and generated(node))
 
     def _file(self, node: fx.Node) -> Path:
-        device = first_tensor(node.meta.get("val")).device
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        name = device_name(first_tensor(node.meta.get("val")).device)
         slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{torch.__version__}-{name}").strip("-")
         return self.cache_dir / f"profile-{slug}.json"
 

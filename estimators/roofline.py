@@ -23,7 +23,7 @@ from estimators.timing import run_times
 from planner import _torch_compat
 from planner.errors import ConfigError
 from planner.memory import fusible, readers, stored_bytes
-from planner.ops import aliased_input, first_tensor, is_getitem, storage_bytes
+from planner.ops import aliased_input, device_name, first_tensor, is_getitem, storage_bytes
 
 __all__ = ["RooflineEstimator", "Rates", "DATASHEET", "device_rates", "measure_rates", "datasheet_rates"]
 
@@ -174,7 +174,7 @@ def device_rates(device: torch.device, calibrate: bool = True) -> Rates:
     """
     if calibrate:
         return measure_rates(str(device))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name = device_name(device)
     rates = datasheet_rates(name)
     if rates is None:
         raise ConfigError(f"roofline: no datasheet rates for {name!r} (known: {', '.join(DATASHEET)}); "

@@ -72,10 +72,13 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0) -
 
     def decide(problem: Problem) -> Decision:
         agree_on_graph(joint.fingerprint)
-        key = decision_key(joint, config, held_bytes)
         kept = partial(_fits, problem, "a decision kept in the cache", "it is solved again")
         received = partial(_fits, problem, "rank 0's decision", "give every rank the same model and settings")
-        return decide_on_rank0(lambda: reuse_or_solve(key, lambda: solve(problem), kept), received)
+
+        def on_rank0() -> Decision:  # the deciding rank alone hashes the key and looks it up
+            return reuse_or_solve(decision_key(joint, config, held_bytes), lambda: solve(problem), kept)
+
+        return decide_on_rank0(on_rank0, received)
 
     return _plan_graph(joint, config, decide)
 
@@ -158,12 +161,12 @@ class PlannerBackend:
         self.fixed = fixed
         self.graphs: list[GraphPlan] = []
         self.timelines: list[Timeline] = []
-        # the latest timeline of each code frame, in the order the frames first compiled: a
-        # recompile of a frame (new shapes) replaces its graph in the step, it does not add one
+        # the latest timeline of each part of the step (a frame's graph, or each graph one compile
+        # of a frame hands over), in the order they first compiled: a recompile of a frame (new
+        # shapes) replaces its graphs in the step, it does not add to them
         self._step: dict[Any, Timeline] = {}
-        self._frame: Any = None
-        self._compiling: Any = None
-        self._place = 0
+        self._compiling: tuple[int, int] | None = None  # dynamo's (frame, compile) ids of the graph compiling
+        self._place = 0  # its place among the graphs that compile handed over
         self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_options)
 
     def partition(self, joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **_: Any):
@@ -182,7 +185,8 @@ class PlannerBackend:
         num_fwd_outputs = joint.num_fwd_outputs
         forward, backward = emit(joint, graph_plan.problem, graph_plan.decision.saved)
         self.timelines.append(simulate(forward, backward, num_fwd_outputs, fuse=self.config.codegen == "inductor"))
-        self._step[self._frame if self._frame is not None else len(self.timelines)] = self.timelines[-1]
+        part = self._part
+        self._step[part if part is not None else len(self.timelines)] = self.timelines[-1]
         return forward, backward
 
     @property
@@ -192,8 +196,8 @@ class PlannerBackend:
         frames first compiled, then their backwards in reverse, so a later graph runs while
         these are held. A graph compiled again for its frame (new shapes) counts once."""
         held = 0
-        for frame, timeline in self._step.items():
-            if frame == self._frame:
+        for part, timeline in self._step.items():
+            if part == self._part:
                 break
             held += timeline.held_after_forward
         return held
@@ -207,19 +211,19 @@ class PlannerBackend:
     @property
     def predicted_forward(self) -> tuple[int, int]:
         """Predicted peak of the step's forwards, and the bytes they leave alive for the backward."""
-        held = peak = 0
-        for timeline in self.step:
-            peak = max(peak, held + timeline.forward_peak)
-            held += timeline.held_after_forward
-        return peak, held
+        return self._step_peak(lambda t: t.forward_peak), sum(t.held_after_forward for t in self.step)
 
     @property
     def predicted_step_peak(self) -> int:
-        """Predicted peak activation memory of the step, over the latest graph of each frame:
+        """Predicted peak activation memory of the step, over the latest graph of each part:
         the largest of each graph's simulated peak plus what the graphs before it hold."""
+        return self._step_peak(lambda t: t.peak)
+
+    def _step_peak(self, peak_of: Callable[[Timeline], int]) -> int:
+        """The largest ``peak_of`` a graph of the step plus what the graphs before it hold."""
         held = peak = 0
         for timeline in self.step:
-            peak = max(peak, held + timeline.peak)
+            peak = max(peak, held + peak_of(timeline))
             held += timeline.held_after_forward
         return peak
 
@@ -230,8 +234,13 @@ class PlannerBackend:
         # place in that compile, and a recompile of the frame replaces them place by place
         self._place = self._place + 1 if compiling is not None and compiling == self._compiling else 0
         self._compiling = compiling
-        self._frame = None if compiling is None else (compiling[0], self._place)
         return self._compile(gm, example_inputs)
+
+    @property
+    def _part(self) -> tuple[int, int] | None:
+        """The part of the step the graph compiling now is: its frame and place; None outside
+        torch.compile's frames."""
+        return None if self._compiling is None else (self._compiling[0], self._place)
 
 
 def backend(config: PlannerConfig | None = None, **overrides: Any) -> PlannerBackend:

@@ -24,7 +24,7 @@ from planner.config import PlannerConfig
 from planner.decision import Decision
 from planner.errors import PlannerError
 from planner.graph import JointGraph
-from planner.ops import first_tensor
+from planner.ops import device_name, first_tensor
 
 __all__ = ["decision_key", "reuse_or_solve", "forget_decisions"]
 
@@ -52,8 +52,8 @@ def reuse_or_solve(key: str, solve: Callable[[], Decision], check: Callable[[Dec
         try:
             decision = check(stored)
         except PlannerError:
-            decision = None  # a damaged file: solve again and overwrite it
-        if decision is not None:
+            pass  # a damaged file: solve again and overwrite it
+        else:
             _kept[key] = decision
             return _reused(decision, "disk")
     decision = solve()
@@ -86,6 +86,5 @@ def _device_name(joint: JointGraph) -> str:
     for node in joint.forward_nodes:
         tensor = first_tensor(node.meta.get("val"))
         if tensor is not None:
-            device = tensor.device
-            return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+            return device_name(tensor.device)
     return "none"

@@ -126,7 +126,6 @@ def decide_on_rank0(decide: Callable[[], Decision], check: Callable[[Decision], 
     RankPlanningError
         As :func:`from_rank0`.
     """
-    rank, _ = world()
     decided: list[Decision] = []
 
     def on_rank0() -> dict:

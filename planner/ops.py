@@ -19,6 +19,7 @@ __all__ = [
     "side_effect",
     "storage_bytes",
     "first_tensor",
+    "device_name",
 ]
 
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
@@ -111,6 +112,12 @@ def first_tensor(value: object) -> torch.Tensor | None:
     """The node value itself if a tensor, the first element of a tuple value, else None."""
     first = value[0] if isinstance(value, (tuple, list)) and value else value
     return first if isinstance(first, torch.Tensor) else None
+
+
+def device_name(device: torch.device) -> str:
+    """The name measurements and decisions are kept under for a device: the GPU's model name
+    (``"NVIDIA H100 80GB HBM3"``), else ``"cpu"``."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def storage_bytes(value: torch.Tensor) -> int:
