@@ -68,9 +68,16 @@ def build(engine: str, method: str, budget: float | None, cfg: LlamaConfig, args
     rank = dist.get_rank()
     model, batch = llama_example(cfg, device="cuda", dtype=dtype, seed=0, batch_seed=rank)
     backend = None
-    if method == "planner":
-        backend = planner.backend(memory_budget=budget, solver=args.solver, time_limit=args.time_limit)
-    compile_fn = None if method == "eager" else partial(torch.compile, backend=backend or _inductor())
+    settings = dict(memory_budget=budget, solver=args.solver, time_limit=args.time_limit)
+    if method == "planner" and engine == "fsdp2":  # one graph for every block, planned for all their runs
+        backend = planner.compile_blocks(model.blocks, **settings)
+    elif method == "planner":
+        backend = planner.backend(**settings)
+    compile_fn = None  # eager, or the planner's blocks, compiled already
+    if method == "planner" and engine == "ddp":
+        compile_fn = partial(torch.compile, backend=backend)
+    elif method not in ("eager", "planner"):
+        compile_fn = partial(torch.compile, backend=_inductor())
     for i, block in enumerate(model.blocks):
         if method == "full":
             block = checkpoint_wrapper(block, preserve_rng_state=False)
@@ -103,7 +110,8 @@ def planning(backend) -> dict:
     solved = [g for g in graphs if not {"reused", "decided_on_rank"} & g.decision.stats.keys()]
     return {"graphs": len(graphs), "distinct_graphs": len({g.fingerprint for g in graphs}), "solves": len(solved),
             "fingerprints": [g.fingerprint for g in graphs], "saved": [len(g.decision.saved) for g in graphs],
-            "predicted_peak_bytes": backend.predicted_step_peak,
+            "predicted_peak_bytes": backend.predicted_step_peak, "planned_runs": backend.repeats,
+            "runs": list(backend.runs.values()),
             "plan_seconds": sum(g.plan_seconds for g in graphs)}
 
 
@@ -151,14 +159,15 @@ def hash_saved(saved) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = ["| engine | rank | method | budget | peak GiB | step ms | planner graphs / solves | predicted GiB, each graph once |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| engine | rank | method | budget | peak GiB | step ms | planner graphs / solves "
+             "| most runs before backward / planned for | predicted GiB |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         budget = "-" if r["budget"] is None else f"{r['budget']:g}"
         graphs = f"{r['graphs']} / {r['solves']}" if "graphs" in r else "-"
+        runs = f"{max(r['runs'], default=0)} / {r['planned_runs']}" if "runs" in r else "-"
         pred = f"{r['predicted_peak_bytes'] / GIB:.3f}" if "predicted_peak_bytes" in r else "-"
         lines.append(f"| {r['engine']} | {r['rank']} | {r['method']} | {budget} | {r['peak_activation_bytes'] / GIB:.3f} "
-                     f"| {r['step_ms']:.1f} | {graphs} | {pred} |")
+                     f"| {r['step_ms']:.1f} | {graphs} | {runs} | {pred} |")
     return lines
 
 

@@ -19,6 +19,7 @@ _EXPORTS = {
     "capture": "planner.tracing",
     "backend": "planner.compiler",
     "compile": "planner.compiler",
+    "compile_blocks": "planner.compiler",
     "own_frame": "planner.frames",
     "PlannerBackend": "planner.compiler",
     "PlannerConfig": "planner.config",

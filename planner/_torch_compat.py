@@ -27,6 +27,7 @@ __all__ = [
     "compiling_frame",
     "mutated_primals",
     "gpu_spin",
+    "is_fake",
     "real_tensors",
 ]
 
@@ -87,6 +88,14 @@ def eager_collectives():
 
     with unset_fake_temporarily(), no_python_dispatcher():
         yield
+
+
+def is_fake(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a compile's fake tensor (metadata only: a graph run on it during
+    compilation, as DDP's graph splitting runs each part to trace the next, ran no step)."""
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+
+    return bool(_is_fake(tensor))
 
 
 def gpu_spin(cycles: int) -> None:

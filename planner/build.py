@@ -1,6 +1,8 @@
 """Turn a joint graph and an estimator into a torch-free :class:`~planner.problem.Problem`."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 import torch.fx as fx
@@ -16,9 +18,10 @@ __all__ = ["build_problem", "estimate_step_seconds"]
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False) -> Problem:
+def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, repeats: int = 1) -> Problem:
     """One row per forward-region node: bytes, runtime, what may be done with it, and when
-    each value is alive (its :class:`~planner.schedule.Schedule`; ``fuse`` for inductor).
+    each value is alive (its :class:`~planner.schedule.Schedule`; ``fuse`` for inductor;
+    ``repeats``: times the graph's forward runs before its backward in one step).
 
     Views and getitems cost nothing to recompute and are never saved (their base is), nor, with
     ``fuse``, is a constant (``iota``, ``full``...) that inductor computes inside every kernel
@@ -71,7 +74,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False) -
         must_save_reason=reasons,
         targets=tuple(str(node.target) for node in nodes),
         fingerprint=joint.fingerprint,
-        schedule=build_schedule(joint, fuse),
+        schedule=replace(build_schedule(joint, fuse), repeats=repeats),
         save_seconds=save_seconds,
     )
 

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
+import weakref
 from functools import partial
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -22,7 +24,7 @@ from planner.decisions import decision_key, reuse_or_solve
 from planner.distributed import agree_on_graph, decide_on_rank0
 from planner.emit import emit
 from planner.errors import PlanFileError
-from planner.frames import own_frame
+from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph
 from planner.memory import Timeline, simulate
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
@@ -31,7 +33,7 @@ from solvers.base import Solver
 from solvers.frugal import min_peak_plan
 from solvers.reference import reference_plan
 
-__all__ = ["backend", "compile", "named_backend", "named_plans", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
+__all__ = ["backend", "compile", "compile_blocks", "named_backend", "named_plans", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,15 @@ class GraphPlan:
     estimator: str  # the estimator that priced the graph, as reports name it
 
 
-def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0) -> GraphPlan:
+def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, repeats: int = 1) -> GraphPlan:
     """Estimate, build the problem, resolve the budget and solve, for one joint graph.
 
     ``held_bytes`` are kept alive while this graph runs by graphs that ran before it in the
     step (their saved values and outputs): an absolute budget bounds the step's peak, so this
-    graph gets what they leave of it. A fraction is of this graph's own range.
+    graph gets what they leave of it. A fraction is of this graph's own range. ``repeats`` is
+    how many times the graph's forward runs before its backward (the blocks of a model compiled
+    block by block): the peak the budget bounds, and a fraction's range, count the saved
+    values of every run.
 
     A graph solved before with the same settings reuses that decision (:mod:`planner.decisions`).
     Under ``torch.distributed``, the ranks check that they compiled the same graph and rank 0
@@ -76,11 +81,11 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0) -
         received = partial(_fits, problem, "rank 0's decision", "give every rank the same model and settings")
 
         def on_rank0() -> Decision:  # the deciding rank alone hashes the key and looks it up
-            return reuse_or_solve(decision_key(joint, config, held_bytes), lambda: solve(problem), kept)
+            return reuse_or_solve(decision_key(joint, config, held_bytes, repeats), lambda: solve(problem), kept)
 
         return decide_on_rank0(on_rank0, received)
 
-    return _plan_graph(joint, config, decide)
+    return _plan_graph(joint, config, decide, repeats)
 
 
 def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem, held_bytes: int = 0) -> bool:
@@ -108,7 +113,7 @@ def frugal_floor(config: PlannerConfig, problem: Problem, held_bytes: int = 0) -
     return reference_plan(problem)
 
 
-def replay_graph(joint: JointGraph, config: PlannerConfig, decision: Decision) -> GraphPlan:
+def replay_graph(joint: JointGraph, config: PlannerConfig, decision: Decision, repeats: int = 1) -> GraphPlan:
     """A GraphPlan for a decision solved before (a plan file): checked whole, not solved again.
 
     Raises
@@ -120,7 +125,7 @@ def replay_graph(joint: JointGraph, config: PlannerConfig, decision: Decision) -
     def check(problem: Problem) -> Decision:
         return _fits(problem, "the stored plan", "delete the plan file to plan again", decision)
 
-    return _plan_graph(joint, config, check)
+    return _plan_graph(joint, config, check, repeats)
 
 
 def _fits(problem: Problem, what: str, fix: str, decision: Decision) -> Decision:
@@ -138,11 +143,12 @@ def _fits(problem: Problem, what: str, fix: str, decision: Decision) -> Decision
     return decision
 
 
-def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Problem], Decision]) -> GraphPlan:
+def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Problem], Decision],
+                repeats: int = 1) -> GraphPlan:
     """Estimate and build the problem, then ``decide`` on it; timed as a whole."""
     start = time.perf_counter()
     estimator = get_estimator(config.estimator, **config.estimator_options)
-    problem = build_problem(joint, estimator, fuse=config.codegen == "inductor")
+    problem = build_problem(joint, estimator, fuse=config.codegen == "inductor", repeats=repeats)
     decision = decide(problem)
     return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator),
                      time.perf_counter() - start, str(estimator))
@@ -154,11 +160,24 @@ class PlannerBackend:
     With ``fixed`` set, the graph must be the one that plan was made for (same fingerprint) and
     no solver runs. ``graphs`` lists a :class:`GraphPlan` per planned graph, in compile order,
     and ``timelines`` the simulated memory of each emitted pair of modules.
+
+    ``repeats`` is how many times each of its graphs runs its forward before its backward in one
+    step (:func:`compile_blocks` gives the number of blocks). The compiled graphs count it as
+    they run: ``runs`` holds, per part of the step, the most runs seen waiting for their
+    backward at once, and a graph that runs more often than it was planned for warns, since its
+    other runs' saved values are then outside the budget.
     """
 
-    def __init__(self, config: PlannerConfig, fixed: GraphPlan | None = None) -> None:
+    def __init__(self, config: PlannerConfig, fixed: GraphPlan | None = None, repeats: int = 1) -> None:
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            from planner.errors import ConfigError
+
+            raise ConfigError(f"repeats={repeats!r} is invalid; give the number of times a graph runs before its "
+                              "backward in one step (a positive int, 1 for a model compiled whole)")
         self.config = config
         self.fixed = fixed
+        self.repeats = repeats
+        self.runs: dict[Any, int] = {}
         self.graphs: list[GraphPlan] = []
         self.timelines: list[Timeline] = []
         # the latest timeline of each part of the step (a frame's graph, or each graph one compile
@@ -173,7 +192,7 @@ class PlannerBackend:
         """AOTAutograd partition function: plan the joint graph and split it accordingly."""
         joint = JointGraph(joint_module, num_fwd_outputs, list(joint_inputs))
         if self.fixed is None:
-            graph_plan = solve_graph(joint, self.config, self.held_bytes)
+            graph_plan = solve_graph(joint, self.config, self.held_bytes, self.repeats)
         elif joint.fingerprint == self.fixed.fingerprint:
             graph_plan = self.fixed
         else:
@@ -199,7 +218,7 @@ class PlannerBackend:
         for part, timeline in self._step.items():
             if part == self._part:
                 break
-            held += timeline.held_after_forward
+            held += self.repeats * timeline.held_after_forward
         return held
 
     @property
@@ -211,7 +230,7 @@ class PlannerBackend:
     @property
     def predicted_forward(self) -> tuple[int, int]:
         """Predicted peak of the step's forwards, and the bytes they leave alive for the backward."""
-        return self._step_peak(lambda t: t.forward_peak), sum(t.held_after_forward for t in self.step)
+        return self._step_peak(lambda t: t.forward_peak), self.repeats * sum(t.held_after_forward for t in self.step)
 
     @property
     def predicted_step_peak(self) -> int:
@@ -220,11 +239,13 @@ class PlannerBackend:
         return self._step_peak(lambda t: t.peak)
 
     def _step_peak(self, peak_of: Callable[[Timeline], int]) -> int:
-        """The largest ``peak_of`` a graph of the step plus what the graphs before it hold."""
+        """The largest ``peak_of`` a graph of the step plus what the graphs before it, and its
+        own other runs, hold."""
         held = peak = 0
+        others = self.repeats - 1
         for timeline in self.step:
-            peak = max(peak, held + peak_of(timeline))
-            held += timeline.held_after_forward
+            peak = max(peak, held + others * timeline.held_after_forward + peak_of(timeline))
+            held += self.repeats * timeline.held_after_forward
         return peak
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
@@ -234,13 +255,66 @@ class PlannerBackend:
         # place in that compile, and a recompile of the frame replaces them place by place
         self._place = self._place + 1 if compiling is not None and compiling == self._compiling else 0
         self._compiling = compiling
-        return self._compile(gm, example_inputs)
+        compiled = self._compile(gm, example_inputs)
+        part = self._part if self._part is not None else len(self.timelines)  # as partition keys it
+        return _CountedRuns(compiled, self, part)
+
+    def _ran(self, part: Any, waiting: int) -> None:
+        """A run of the graph of ``part`` begins its backward while ``waiting`` runs (itself
+        included) wait for theirs."""
+        if waiting > self.runs.get(part, 0):
+            self.runs[part] = waiting
+            if waiting > self.repeats:
+                warnings.warn(
+                    f"a planned graph ran its forward {waiting} times before its backward, and was planned for "
+                    f"{self.repeats}: the saved values of its other runs are outside the memory budget. For a model "
+                    f"compiled block by block, compile the blocks with planner.compile_blocks(blocks, ...), which "
+                    f"plans for every block's run", stacklevel=2)
 
     @property
     def _part(self) -> tuple[int, int] | None:
         """The part of the step the graph compiling now is: its frame and place; None outside
         torch.compile's frames."""
         return None if self._compiling is None else (self._compiling[0], self._place)
+
+
+class _CountedRuns:
+    """A compiled graph that tells its backend how many of its runs wait for their backward
+    when one begins it: each training run leaves a token, alive until its backward starts or
+    its autograd graph is freed unused."""
+
+    def __init__(self, compiled: Callable, backend: PlannerBackend, part: Any) -> None:
+        self.compiled, self.backend, self.part = compiled, backend, part
+        self.waiting: weakref.WeakSet = weakref.WeakSet()
+        self._boxed_call = getattr(compiled, "_boxed_call", False)  # dynamo's calling convention
+
+    def __call__(self, *args: Any) -> Any:
+        out = self.compiled(*args)
+        # every output's node: the backward may reach the run through any of them (an output
+        # the step does not use never gets a gradient); a run on fake tensors is a compile's
+        tensors = _tensors(out)
+        nodes = {id(t.grad_fn): t.grad_fn for t in tensors if t.grad_fn is not None}
+        if nodes and not any(_torch_compat.is_fake(t) for t in tensors):
+            token = _Run()
+            self.waiting.add(token)
+
+            def begin_backward(grad_outputs, token=token):
+                if token in self.waiting:
+                    self.backend._ran(self.part, len(self.waiting))
+                    self.waiting.discard(token)
+
+            for node in nodes.values():
+                node.register_prehook(begin_backward)
+        return out
+
+
+class _Run:
+    """One run of a compiled graph waiting for its backward (a weak-referenceable token)."""
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    items = out if isinstance(out, (list, tuple)) else [out]
+    return [t for t in items if isinstance(t, torch.Tensor)]
 
 
 def backend(config: PlannerConfig | None = None, **overrides: Any) -> PlannerBackend:
@@ -294,3 +368,34 @@ def compile(model: nn.Module, config: PlannerConfig | None = None, **overrides: 
     compiled = torch.compile(own_frame(model), backend=planned)
     compiled.planner_backend = planned
     return compiled
+
+
+def compile_blocks(blocks: nn.Module, config: PlannerConfig | None = None, **overrides: Any) -> PlannerBackend:
+    """Compile each block of ``blocks`` (a model's ``nn.ModuleList``, ``nn.Sequential`` or
+    ``nn.ModuleDict`` of repeated layers) on its own with one planner backend, replacing it with
+    its compiled module as torchtitan does before sharding (``fully_shard`` then wraps the
+    compiled block, so its hooks run outside the graph; state-dict keys gain ``_orig_mod.``,
+    as with ``torch.compile``). The blocks share one graph, planned for ``len(blocks)`` runs
+    before its backward: the budget bounds the step's peak with every block's saved values in
+    it, and a fraction is of that peak's range.
+
+    The blocks get a ``forward`` of their own (:func:`planner.frames.own_forward`; names and
+    types unchanged), so their compile depends on no earlier one in the process. Returns the
+    backend (``graphs``, ``predicted_step_peak``, ``runs``).
+
+    Raises
+    ------
+    ConfigError
+        If ``blocks`` is not such a container, or is empty.
+    """
+    if not isinstance(blocks, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) or not len(blocks):
+        from planner.errors import ConfigError
+
+        raise ConfigError(f"compile_blocks takes a model's non-empty nn.ModuleList, nn.Sequential or nn.ModuleDict of "
+                          f"blocks (such as model.layers), got {type(blocks).__name__}")
+    planned = PlannerBackend((config or PlannerConfig()).replace(**overrides), repeats=len(blocks))
+    named = list(blocks.named_children())
+    own_forward([block for _, block in named])
+    for name, block in named:
+        setattr(blocks, name, torch.compile(block, backend=planned))
+    return planned

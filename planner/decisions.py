@@ -4,9 +4,9 @@ A transformer compiled block by block, a model planned again in the same process
 comparing budgets, every run of a training script: each meets graphs it has solved before. A
 decision is kept under a key of everything that decides it: the graph's fingerprint, every
 planner setting, the device the graph runs on (estimators price per device), the torch version,
-and, for an absolute budget, the bytes earlier graphs of the step hold. It is kept in memory
-for the process and in ``<cache dir>/decisions/`` (:func:`planner.cache.default_cache_dir`) for
-later ones; deleting that folder only makes the next run solve again. A reused decision says
+the times the graph runs before its backward, and, for an absolute budget, the bytes earlier
+graphs of the step hold. It is kept in memory for the process and in ``<cache dir>/decisions/``
+(:func:`planner.cache.default_cache_dir`) for later ones; deleting that folder only makes the next run solve again. A reused decision says
 where it came from in ``stats["reused"]`` (``"memory"`` or ``"disk"``).
 """
 from __future__ import annotations
@@ -31,11 +31,12 @@ __all__ = ["decision_key", "reuse_or_solve", "forget_decisions"]
 _kept: dict[str, Decision] = {}
 
 
-def decision_key(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0) -> str:
-    """A hash of everything that decides the plan of ``joint`` under ``config``."""
+def decision_key(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, repeats: int = 1) -> str:
+    """A hash of everything that decides the plan of ``joint`` under ``config``, run ``repeats``
+    times before its backward."""
     held = held_bytes if config.budget.nbytes is not None else 0  # a fraction is of the graph's own range
     parts = {"graph": joint.fingerprint, "settings": asdict(config), "device": _device_name(joint),
-             "torch": torch.__version__, "held_bytes": held}
+             "torch": torch.__version__, "held_bytes": held, "repeats": repeats}
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 

@@ -14,7 +14,7 @@ import types
 
 import torch.nn as nn
 
-__all__ = ["own_frame"]
+__all__ = ["own_frame", "own_forward"]
 
 _frames = itertools.count()
 
@@ -36,3 +36,23 @@ def own_frame(model: nn.Module) -> nn.Module:
     code = _forward.__code__.replace(co_name=name)
     cls = type(name, (_Framed,), {"forward": types.FunctionType(code, _forward.__globals__, name)})
     return cls(model)
+
+
+def _inherited_forward(self, *args, **kwargs):
+    return self._frame_base.forward(self, *args, **kwargs)
+
+
+def own_forward(modules) -> None:
+    """Give ``modules`` (the blocks of one model) a ``forward`` whose code object is new and
+    shared by them alone, in place: each one's class becomes a subclass of its own class made
+    for this call, so parameter names, state dicts and ``isinstance`` are unchanged, and the
+    blocks compiled after this share one cache entry that no earlier compile added to."""
+    made: dict[type, type] = {}
+    for module in modules:
+        base = type(module)
+        if base not in made:
+            name = f"{base.__name__}_frame_{next(_frames)}"
+            code = _inherited_forward.__code__.replace(co_name=name)
+            forward = types.FunctionType(code, _inherited_forward.__globals__, name)
+            made[base] = type(base.__name__, (base,), {"forward": forward, "_frame_base": base})
+        module.__class__ = made[base]

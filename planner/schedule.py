@@ -18,6 +18,10 @@ the backward steps in the order the emitter writes them. A plan's memory at each
   backward value, or a saved value or copy whose last reader it is; the output then adds
   nothing at that step.
 
+A graph that runs ``repeats`` times before its backward (one compiled block run for each
+layer) keeps the saved values and RNG states of its other runs alive at every step of one run:
+``repeats - 1`` times the plan's saved bytes are added to every step.
+
 RNG states of recomputed random ops are counted at every step. :func:`profile` computes the
 memory at every step for a plan; the exact solvers encode the same sums as linear rows, so a
 plan's peak here is what they bound.
@@ -59,6 +63,9 @@ class Schedule:
     step_names : the backward steps, in order.
     fwd_base : bytes alive at each forward step whatever the plan (copies of inputs that the
         compiler makes before the forward; they are counted in ``base`` while read there).
+    repeats : times the graph's forward runs before its backward in one training step (the
+        blocks of a model compiled block by block share one graph): each other run holds the
+        plan's saved values at every step of this one.
     """
 
     owner: np.ndarray
@@ -75,6 +82,7 @@ class Schedule:
     reuse_base: np.ndarray
     step_names: tuple[str, ...]
     fwd_base: np.ndarray
+    repeats: int = 1
 
     @property
     def num_steps(self) -> int:
@@ -114,6 +122,8 @@ class Schedule:
                 raise ValueError(f"Schedule.{name} must have one entry per backward step")
         if len(self.step_names) != self.num_steps:
             raise ValueError("Schedule.step_names must name every backward step")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"Schedule.repeats must be a positive int, got {self.repeats!r}")
 
 
 @dataclass(frozen=True)
@@ -192,7 +202,8 @@ def profile(
     last = (end == s.last_read[alive]) & (size > 0) & (s.reuse[np.minimum(end, steps - 1)] == size) & (end < steps)
     reused[end[last]] = True  # read last by the kernel of step `end`, which writes into it
     memory = np.cumsum(bwd)[:steps] + s.base + rng_bytes - np.where(reused, s.reuse, 0)
-    return Profile(np.cumsum(fwd)[:n] + s.fwd_base + rng_bytes, memory)
+    others = (s.repeats - 1) * (int(nbytes[kept].sum()) + rng_bytes)  # the other runs' saved values
+    return Profile(np.cumsum(fwd)[:n] + s.fwd_base + rng_bytes + others, memory + others)
 
 
 def _made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:

@@ -39,7 +39,7 @@ def memory_unit(problem: Problem) -> float:
     """Bytes per unit of the memory rows: a power of two (so scaling is exact) that keeps the
     rows' values under about 2**20, where the back ends' absolute tolerances are far below a byte."""
     s = problem.schedule
-    total = int(problem.nbytes.sum() + s.transient.sum() + s.copy_bytes.sum()
+    total = int(s.repeats * problem.nbytes.sum() + s.transient.sum() + s.copy_bytes.sum()
                 + max(s.base.max(initial=0), s.fwd_base.max(initial=0))) + 1
     return float(2 ** max(0, total.bit_length() - 21))
 
@@ -72,8 +72,13 @@ class PeakRows:
             t = int(s.last_read[e])
             if s.reuse[t] and not s.reuse_base[t] and s.reuse[t] in (problem.nbytes[e], s.copy_bytes[e]):
                 self.reusable.setdefault(t, []).append(int(e))
+        # terms of every row: RNG states of recomputed random ops, and for a graph run several
+        # times before its backward, the saved values its other runs hold
         random = np.flatnonzero(problem.random & (self.rvar >= 0))
-        self.rng_terms = [(int(self.rvar[i]), float(problem.rng_state_bytes)) for i in random]
+        self.every_step = [(int(self.rvar[i]), float(problem.rng_state_bytes * s.repeats)) for i in random]
+        if s.repeats > 1:
+            kept = np.flatnonzero(self.own & (self.svar >= 0) & (problem.nbytes > 0))
+            self.every_step += [(int(self.svar[e]), float((s.repeats - 1) * problem.nbytes[e])) for e in kept]
 
     def add(self, build: RowBuilder, forward_steps, backward_steps, limit: "Limit") -> None:
         """Rows ``memory(step) <= limit`` at the given forward and backward steps."""
@@ -87,7 +92,7 @@ class PeakRows:
 
     def _forward(self, f: int) -> tuple[float, list]:
         s, nbytes = self.schedule, self.problem.nbytes
-        const, terms = float(s.fwd_base[f]), list(self.rng_terms)
+        const, terms = float(s.fwd_base[f]), list(self.every_step)
         for e in np.flatnonzero(self.own[: f + 1]):
             live = s.fwd_last[e] >= f
             if live:
@@ -128,7 +133,7 @@ class PeakRows:
 
     def _backward(self, build: RowBuilder, t: int, made_now: dict, made_before: dict) -> tuple[float, list]:
         s, nbytes = self.schedule, self.problem.nbytes
-        terms = list(self.rng_terms)
+        terms = list(self.every_step)
         reading: dict[int, list] = {}
         for e in np.flatnonzero(self.own & ~s.held):
             e = int(e)

@@ -47,7 +47,8 @@ def train(module: nn.Module, params: nn.Module, batch) -> tuple[list[float], dic
         loss = module(*batch)
         loss.backward()
         losses.append(loss.item())
-        grads = {n: _local(p.grad).flatten().tolist() for n, p in params.named_parameters()}
+        # a compiled block's parameters are named under its compiled module (``_orig_mod``)
+        grads = {n.replace("._orig_mod", ""): _local(p.grad).flatten().tolist() for n, p in params.named_parameters()}
         opt.step()
     return losses, grads
 
@@ -57,26 +58,31 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def planned_run(wrap, compile_model) -> dict:
-    """Train the eager engine and the planned one from the same weights; report both."""
+    """Train the eager engine (``wrap(model)``) and the planned one (``compile_model(model)``,
+    returning the module and the planner backend) from the same weights; report both."""
     rank = dist.get_rank()
     eager_model, _ = gpt_example(CFG, seed=0)
     eager = wrap(eager_model)
     expected = train(eager, eager_model, rank_batch(rank))
     model, _ = gpt_example(CFG, seed=0)
-    backend = planner.backend(**SETTINGS)
-    module = compile_model(wrap(model), backend)
+    module, backend = compile_model(model)
     actual = train(module, model, rank_batch(rank))
     return {"eager": expected, "planned": actual,
             "decisions": [{"fingerprint": g.fingerprint, "saved": sorted(g.decision.saved), "stats": g.decision.stats,
                            "recomputed": int(evaluate_names(g.problem, g.decision.saved).recomputed.sum())}
                           for g in backend.graphs],
-            "step_graphs": len(backend.step)}
+            "step_graphs": len(backend.step), "runs": list(backend.runs.values()), "repeats": backend.repeats}
 
 
 def ddp_whole_model() -> dict:
     # 1 MB buckets (the least DDP allows): its graph splitting gives this 1.8 MB model several graphs
     wrap = lambda m: DDP(m, bucket_cap_mb=1)
-    return planned_run(wrap, lambda m, backend: torch.compile(m, backend=backend))
+
+    def compile_model(model: nn.Module):
+        backend = planner.backend(**SETTINGS)
+        return torch.compile(wrap(model), backend=backend), backend
+
+    return planned_run(wrap, compile_model)
 
 
 def fsdp2_per_block() -> dict:
@@ -87,12 +93,12 @@ def fsdp2_per_block() -> dict:
             fully_shard(block, mesh=mesh)
         return fully_shard(model, mesh=mesh)
 
-    def compile_blocks(model: nn.Module, backend) -> nn.Module:
-        for block in model.blocks:  # as torchtitan does: each block compiled on its own
-            block.compile(backend=backend)
-        return model
+    def compile_model(model: nn.Module):
+        # as torchtitan does: each block compiled on its own, then sharded
+        backend = planner.compile_blocks(model.blocks, **SETTINGS)
+        return wrap(model), backend
 
-    return planned_run(wrap, compile_blocks)
+    return planned_run(wrap, compile_model)
 
 
 class AllReduceMLP(nn.Module):

@@ -54,11 +54,16 @@ def test_ddp_graphs_are_planned_against_one_budget(ranks):
     result = ranks[0]["ddp"]
     assert len(result["decisions"]) >= 2
     assert result["step_graphs"] == len(result["decisions"])
+    # each graph runs once before its backward, as it was planned for
+    assert result["repeats"] == 1 and result["runs"] == [1] * len(result["decisions"])
 
 
-def test_fsdp2_blocks_compiled_one_by_one_solve_once(ranks):
-    # two blocks, each compiled on its own: one graph, one solve
-    assert len(ranks[0]["fsdp2"]["decisions"]) == 1
+def test_fsdp2_blocks_compiled_one_by_one_solve_once_for_both_runs(ranks):
+    # two blocks, each compiled on its own (planner.compile_blocks): one graph, one solve,
+    # planned for the two runs it makes before its backward, as counted while it trained
+    for result in ranks:
+        assert len(result["fsdp2"]["decisions"]) == 1
+        assert result["fsdp2"]["repeats"] == 2 and result["fsdp2"]["runs"] == [2]
 
 
 @pytest.mark.parametrize("engine", ["ddp", "fsdp2"])

@@ -1,4 +1,5 @@
 """The exact solvers' memory rows say the same as the schedule's profile, plan by plan."""
+import dataclasses
 import itertools
 
 import numpy as np
@@ -10,6 +11,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from planner.bounds import runtime_optimal_plan
 from planner.decision import Status
 from planner.problem import evaluate, memory_profile
+from solvers.frugal import min_peak_plan
 from solvers.graph_model import build_graph_model
 from solvers.ilp import solve_highs, within_peak
 from solvers.peak_rows import Limit, PeakRows, Steps, memory_unit
@@ -30,9 +32,15 @@ def _least_memory_the_rows_allow(model, plan, peak_col: int, span: float) -> flo
     return float(result.x[peak_col]) * span
 
 
+def _repeated(problem, repeats: int):
+    """The problem of a graph run ``repeats`` times before its backward."""
+    return dataclasses.replace(problem, schedule=dataclasses.replace(problem.schedule, repeats=repeats))
+
+
 @settings(max_examples=25, deadline=None)
-@given(timed_problems)
-def test_memory_rows_equal_the_profile_at_every_step_for_every_plan(problem):
+@given(timed_problems, st.integers(1, 3))
+def test_memory_rows_equal_the_profile_at_every_step_for_every_plan(problem, repeats):
+    problem = _repeated(problem, repeats)
     base, build = build_graph_model(problem)
     rows, unit = PeakRows(problem, base), memory_unit(problem)
     plans = list(itertools.islice(all_plans(problem), 12))
@@ -66,3 +74,16 @@ def test_rows_at_more_steps_change_no_optimum(problem, fraction, data):
     assert found.status == Status.OPTIMAL
     assert evaluate(problem, found.saved).seconds == pytest.approx(best, abs=1e-4 * problem.runtime.max() + 1e-12)
     assert steps.forward >= given_forward and steps.backward >= given_backward
+
+
+@settings(max_examples=15, deadline=None)
+@given(timed_problems, st.integers(2, 4))
+def test_a_repeated_graph_counts_its_other_runs_saved_values_and_the_least_peak_search_sees_them(problem, repeats):
+    repeated = _repeated(problem, repeats)
+    plans = list(all_plans(problem))
+    for plan in plans:  # the same plan, run `repeats` times: every other run holds its saved bytes
+        again = evaluate(repeated, plan.saved)
+        assert again.peak_bytes == plan.peak_bytes + (repeats - 1) * plan.memory_bytes
+    found = min_peak_plan(repeated, 10)
+    assert found.optimal
+    assert found.plan.peak_bytes == min(evaluate(repeated, p.saved).peak_bytes for p in plans)

@@ -136,3 +136,11 @@ def test_pytorch_partition_splits_a_joint_graph():
                                                           num_fwd_outputs=joint.num_fwd_outputs)
     assert isinstance(forward, torch.fx.GraphModule) and isinstance(backward, torch.fx.GraphModule)
     assert any(n.op == "placeholder" and "tangents" in str(n.target) for n in backward.graph.nodes)
+
+
+def test_is_fake_tells_a_compiles_fake_tensors_from_real_ones():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.ones(3)
+    assert _torch_compat.is_fake(fake) and not _torch_compat.is_fake(torch.ones(3))

@@ -1,0 +1,80 @@
+"""A model compiled block by block: one graph run once per block before its backward."""
+import copy
+import warnings
+
+import pytest
+import torch
+
+import planner
+from planner.models import GPTConfig, gpt_example
+from planner.problem import evaluate
+from tests.training import step
+
+FOUR = GPTConfig(n_layer=4, d_model=32, n_head=2, seq_len=16, vocab=64, batch=2, dropout=0.0)
+EXACT = dict(codegen="eager", solver="cpsat", time_limit=10)
+
+
+def test_blocks_compiled_with_compile_blocks_train_like_eager_and_share_one_graph_planned_for_every_run():
+    model, batch = gpt_example(FOUR)
+    twin = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*before its backward")  # planned for every run: no warning
+        backend = planner.compile_blocks(twin.blocks, memory_budget=0.0, **EXACT)
+        expected, got = step(model, batch, model), step(twin, batch, twin)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=0)
+    grads = {name.replace("._orig_mod", ""): grad for name, grad in got[1].items()}
+    assert grads.keys() == expected[1].keys()
+    for name, grad in expected[1].items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=0, msg=name)
+    inner = [b._orig_mod for b in twin.blocks]  # compiled as torch.compile(block) is
+    assert [type(b).__name__ for b in inner] == ["Block"] * 4 and isinstance(inner[0], type(model.blocks[0]))
+    assert len(backend.graphs) == 1 and backend.runs == {next(iter(backend.runs)): 4}
+    problem = backend.graphs[0].problem
+    assert problem.schedule.repeats == 4
+    # the step's predicted peak holds the other three runs' saved values
+    timeline = backend.timelines[0]
+    assert backend.predicted_step_peak == timeline.peak + 3 * timeline.held_after_forward
+
+
+def test_the_frugal_end_of_a_repeated_block_has_the_least_step_peak_a_one_run_plan_misses():
+    model, batch = gpt_example(FOUR)
+    planned = {}
+    for repeats in (1, 4):
+        blocks = copy.deepcopy(model).blocks
+        backend = planner.PlannerBackend(planner.PlannerConfig(memory_budget=0.0, **EXACT), repeats=repeats)
+        planner.frames.own_forward(blocks)
+        x = torch.randn(FOUR.batch, FOUR.seq_len, FOUR.d_model, requires_grad=True)
+        out = x
+        for block in blocks:
+            block.compile(backend=backend)
+            out = block(out)
+        out.sum().backward()
+        planned[repeats] = backend.graphs[0]
+    repeated = planned[4].problem
+    one_run_plan = evaluate(repeated, repeated.mask(repeated.index(planned[1].decision.saved)))
+    four_run_plan = evaluate(repeated, repeated.mask(repeated.index(planned[4].decision.saved)))
+    # counted over the four runs, the plan made for them holds less at its peak: it saves less
+    assert four_run_plan.peak_bytes < one_run_plan.peak_bytes
+    assert four_run_plan.memory_bytes < one_run_plan.memory_bytes
+
+
+def test_a_graph_run_more_often_than_planned_warns_and_says_how_often_it_ran():
+    model, batch = gpt_example(FOUR)
+    backend = planner.backend(memory_budget=1.0, codegen="eager", solver="greedy", time_limit=5)
+    planner.frames.own_forward(model.blocks)
+    for block in model.blocks:
+        block.compile(backend=backend)
+    with pytest.warns(UserWarning, match=r"ran its forward 4 times before its backward, and was planned for 1"):
+        model(*batch).backward()
+    assert list(backend.runs.values()) == [4]
+    model(*batch).backward()  # counted again, no new warning for the same count
+    assert list(backend.runs.values()) == [4]
+
+
+def test_compile_blocks_refuses_what_is_not_a_list_of_blocks():
+    with pytest.raises(planner.ConfigError, match="non-empty nn.ModuleList, nn.Sequential or nn.ModuleDict"):
+        planner.compile_blocks([torch.nn.Linear(2, 2)])
+    with pytest.raises(planner.ConfigError, match="got ModuleList"):
+        planner.compile_blocks(torch.nn.ModuleList())
+    with pytest.raises(planner.ConfigError, match="repeats=0 is invalid"):
+        planner.PlannerBackend(planner.PlannerConfig(), repeats=0)
