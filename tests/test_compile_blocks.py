@@ -78,3 +78,13 @@ def test_compile_blocks_refuses_what_is_not_a_list_of_blocks():
         planner.compile_blocks(torch.nn.ModuleList())
     with pytest.raises(planner.ConfigError, match="repeats=0 is invalid"):
         planner.PlannerBackend(planner.PlannerConfig(), repeats=0)
+
+
+def test_thirty_two_blocks_compiled_one_by_one_are_solved_once():
+    cfg = GPTConfig(n_layer=32, d_model=16, n_head=2, seq_len=8, vocab=32, batch=2, dropout=0.0)
+    model, batch = gpt_example(cfg)
+    backend = planner.compile_blocks(model.blocks, memory_budget=0.5, codegen="eager", solver="greedy", time_limit=5)
+    for _ in range(2):
+        model(*batch).backward()
+    assert len(backend.graphs) == 1 and backend.repeats == 32
+    assert list(backend.runs.values()) == [32]
