@@ -380,7 +380,8 @@ def compile_blocks(blocks: nn.Module, config: PlannerConfig | None = None, **ove
     it, and a fraction is of that peak's range.
 
     The blocks get a ``forward`` of their own (:func:`planner.frames.own_forward`; names and
-    types unchanged), so their compile depends on no earlier one in the process. Returns the
+    types unchanged), so their compile depends on no earlier one in the process; that class is
+    made at run time, so save the model's ``state_dict``, not the pickled module. Returns the
     backend (``graphs``, ``predicted_step_peak``, ``runs``).
 
     Raises
