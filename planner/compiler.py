@@ -7,7 +7,7 @@ import warnings
 import weakref
 from functools import partial
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -204,8 +204,7 @@ class PlannerBackend:
         num_fwd_outputs = joint.num_fwd_outputs
         forward, backward = emit(joint, graph_plan.problem, graph_plan.decision.saved)
         self.timelines.append(simulate(forward, backward, num_fwd_outputs, fuse=self.config.codegen == "inductor"))
-        part = self._part
-        self._step[part if part is not None else len(self.timelines)] = self.timelines[-1]
+        self._step[self._step_key] = self.timelines[-1]
         return forward, backward
 
     @property
@@ -256,8 +255,7 @@ class PlannerBackend:
         self._place = self._place + 1 if compiling is not None and compiling == self._compiling else 0
         self._compiling = compiling
         compiled = self._compile(gm, example_inputs)
-        part = self._part if self._part is not None else len(self.timelines)  # as partition keys it
-        return _CountedRuns(compiled, self, part)
+        return _CountedRuns(compiled, self, self._step_key)
 
     def _ran(self, part: Any, waiting: int) -> None:
         """A run of the graph of ``part`` begins its backward while ``waiting`` runs (itself
@@ -276,6 +274,13 @@ class PlannerBackend:
         """The part of the step the graph compiling now is: its frame and place; None outside
         torch.compile's frames."""
         return None if self._compiling is None else (self._compiling[0], self._place)
+
+    @property
+    def _step_key(self) -> Any:
+        """The key of the graph compiling now in ``_step`` and ``runs``: its part, or outside
+        torch.compile's frames, its number among the planned graphs."""
+        part = self._part
+        return part if part is not None else len(self.timelines)
 
 
 class _CountedRuns:

@@ -6,8 +6,9 @@ decision is kept under a key of everything that decides it: the graph's fingerpr
 planner setting, the device the graph runs on (estimators price per device), the torch version,
 the times the graph runs before its backward, and, for an absolute budget, the bytes earlier
 graphs of the step hold. It is kept in memory for the process and in ``<cache dir>/decisions/``
-(:func:`planner.cache.default_cache_dir`) for later ones; deleting that folder only makes the next run solve again. A reused decision says
-where it came from in ``stats["reused"]`` (``"memory"`` or ``"disk"``).
+(:func:`planner.cache.default_cache_dir`) for later ones; deleting that folder only makes the
+next run solve again. A reused decision says where it came from in ``stats["reused"]``
+(``"memory"`` or ``"disk"``).
 """
 from __future__ import annotations
 

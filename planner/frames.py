@@ -33,9 +33,13 @@ def own_frame(model: nn.Module) -> nn.Module:
     """``model`` behind a ``forward`` with a code object of its own (same parameters, same
     training mode, same outputs); compiling it adds no entry to the cache of ``model``'s class."""
     name = f"frame_{next(_frames)}"
-    code = _forward.__code__.replace(co_name=name)
-    cls = type(name, (_Framed,), {"forward": types.FunctionType(code, _forward.__globals__, name)})
+    cls = type(name, (_Framed,), {"forward": _renamed(_forward, name)})
     return cls(model)
+
+
+def _renamed(function, name: str):
+    """A copy of ``function`` with a code object of its own, named ``name``."""
+    return types.FunctionType(function.__code__.replace(co_name=name), function.__globals__, name)
 
 
 def _inherited_forward(self, *args, **kwargs):
@@ -51,8 +55,6 @@ def own_forward(modules) -> None:
     for module in modules:
         base = type(module)
         if base not in made:
-            name = f"{base.__name__}_frame_{next(_frames)}"
-            code = _inherited_forward.__code__.replace(co_name=name)
-            forward = types.FunctionType(code, _inherited_forward.__globals__, name)
+            forward = _renamed(_inherited_forward, f"{base.__name__}_frame_{next(_frames)}")
             made[base] = type(base.__name__, (base,), {"forward": forward, "_frame_base": base})
         module.__class__ = made[base]
