@@ -131,10 +131,54 @@ def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
 
 
 def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
-    """Inductor computes ``node`` inside the kernels that read it (see the module docstring)."""
+    """Inductor computes ``node`` inside the kernels that read it (see the module docstring), or
+    a matrix product inside the ``addmm`` its one reader becomes (:func:`accumulated_product`)."""
+    if accumulated_product(node, reading):
+        return True
     if not (fusible(node) and reading and all(fuses_producers(r) for r in reading)):
         return False
     return len(reading) == 1 or len(_leaf_reads(node, depth=8)) <= REALIZE_READS
+
+
+def accumulated_product(node: fx.Node, reading: list[fx.Node]) -> bool:
+    """``node`` is a matrix product that inductor computes where its one reader, an add, is.
+
+    Inductor's post-grad passes rewrite ``add(mm(a, b), c)`` into ``addmm(c, a, b)`` placed at the
+    add (``c`` of the product's dtype; the pattern matcher tries the product as the add's second
+    operand first). The product then stores nothing of its own, and ``a`` and ``b`` are read when
+    the add runs: a tied weight's gradient, the output layer's product added to the embedding's
+    gradient at the end of the backward, keeps the logits' gradient alive until then (128 MiB on
+    BERT at batch 16 on an H100, where the memory model had freed it after the product). Only a
+    ``c`` of the product's own shape counts: a broadcast bias stays unfused on a GPU when the sum
+    is read by pointwise ops alone, and sits next to its product anyway.
+    """
+    if node.target is not _MM or len(reading) != 1:
+        return False
+    add = reading[0]
+    if add.target is not _ADD or add.kwargs or len(add.args) != 2 or node not in add.args:
+        return False
+    first, second = add.args
+    if first is second:
+        return False
+    if first is node and _product_operand(second, node) and accumulated_product(second, readers(second)):
+        return False  # the second product is the one rewritten
+    other = second if first is node else first
+    return _same_operand(other, node)
+
+
+def _same_operand(other: object, product: fx.Node) -> bool:
+    """``other`` can be the ``c`` of ``addmm(c, a, b)`` for ``product``: a computed tensor of its
+    dtype and shape with no broadcast dimension."""
+    val, out = (other.meta.get("val") if isinstance(other, fx.Node) else None), product.meta.get("val")
+    return (isinstance(val, torch.Tensor) and isinstance(out, torch.Tensor) and other.op != "placeholder"
+            and val.dtype == out.dtype and tuple(val.shape) == tuple(out.shape) and 0 not in val.stride())
+
+
+def _product_operand(other: object, add_of: fx.Node) -> bool:
+    return isinstance(other, fx.Node) and other.target is _MM and _same_operand(add_of, other)
+
+
+_MM, _ADD = torch.ops.aten.mm.default, torch.ops.aten.add.Tensor
 
 
 def _leaf_reads(node: fx.Node, depth: int) -> set[fx.Node]:

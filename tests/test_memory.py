@@ -216,3 +216,31 @@ def test_inductor_constants_are_recomputed_not_saved():
     constants = [i for i, t in enumerate(problem.targets) if t.startswith(("prims.iota", "aten.full", "aten.scalar_tensor"))]
     assert constants and not problem.saveable[constants].any()
     assert not runtime_optimal_plan(problem).saved[constants].any()
+
+
+def _accumulate(x, w, v):
+    a = torch.sin(x)                 # a storage of its own, read only by the product
+    p = torch.mm(a.t(), w)           # read only by the add at the end
+    q = torch.mm(torch.cos(x).t(), v).relu()
+    return p + q
+
+
+def test_inductor_computes_a_product_added_later_where_the_add_is():
+    """add(mm(a, b), c) becomes addmm(c, a, b) at the add (a tied weight's gradient): the
+    product's inputs live until the add, and the product stores nothing of its own."""
+    from planner.memory import kernel_steps, readers, stored_bytes
+
+    x, w, v = torch.randn(256, 64), torch.randn(256, 32), torch.randn(256, 32)
+    gm = _traced(_accumulate, x, w, v)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    product = next(n for n in nodes if n.target is aten.mm.default and n.args[0].args[0].target is aten.sin.default)
+    add = next(n for n in nodes if n.target is aten.add.Tensor)
+    assert stored_bytes(product, readers(product), fuse=True) == 0
+    assert stored_bytes(product, readers(product), fuse=False) > 0
+    assert kernel_steps(nodes, fuse=True)[product] == nodes.index(add)
+
+    # what the rule follows: inductor's generated code has an addmm and one mm
+    from torch._inductor.utils import run_and_get_code
+
+    _, (code, *_) = run_and_get_code(torch.compile(_accumulate, backend="inductor"), x, w, v)
+    assert code.count("extern_kernels.addmm(") == 1 and code.count("extern_kernels.mm(") == 1, code
