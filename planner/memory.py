@@ -160,7 +160,7 @@ def accumulated_product(node: fx.Node, reading: list[fx.Node]) -> bool:
     first, second = add.args
     if first is second:
         return False
-    if first is node and _product_operand(second, node) and accumulated_product(second, readers(second)):
+    if first is node and isinstance(second, fx.Node) and accumulated_product(second, readers(second)):
         return False  # the second product is the one rewritten
     other = second if first is node else first
     return _same_operand(other, node)
@@ -172,10 +172,6 @@ def _same_operand(other: object, product: fx.Node) -> bool:
     val, out = (other.meta.get("val") if isinstance(other, fx.Node) else None), product.meta.get("val")
     return (isinstance(val, torch.Tensor) and isinstance(out, torch.Tensor) and other.op != "placeholder"
             and val.dtype == out.dtype and tuple(val.shape) == tuple(out.shape) and 0 not in val.stride())
-
-
-def _product_operand(other: object, add_of: fx.Node) -> bool:
-    return isinstance(other, fx.Node) and other.target is _MM and _same_operand(add_of, other)
 
 
 _MM, _ADD = torch.ops.aten.mm.default, torch.ops.aten.add.Tensor
