@@ -5,9 +5,16 @@ import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import torch
 import torch.fx as fx
 
 __all__ = ["JointGraph"]
+
+
+def _device_type(arg):
+    """A device as its type alone: every rank of a job places its graph on its own device index
+    (rank 1's ``cuda:1``), and the ranks must still see one graph."""
+    return arg.type if isinstance(arg, torch.device) else arg
 
 
 def _is_tangent(node: fx.Node) -> bool:
@@ -108,12 +115,14 @@ class JointGraph:
 
     @cached_property
     def fingerprint(self) -> str:
-        """A hash of the graph's structure (ops, edges, shapes, dtypes), stable across processes."""
+        """A hash of the graph's structure (ops, edges, shapes, dtypes), stable across processes and
+        the same on every rank (devices hash by type, not index)."""
         h = hashlib.sha256()
         for node in self.graph.nodes:
             val = node.meta.get("val")
             meta = (tuple(val.shape), str(val.dtype)) if hasattr(val, "shape") else type(val).__name__
-            h.update(f"{node.op}|{node.name}|{node.target}|{node.args}|{node.kwargs}|{meta}\n".encode())
+            args, kwargs = fx.node.map_aggregate((node.args, node.kwargs), _device_type)
+            h.update(f"{node.op}|{node.name}|{node.target}|{args}|{kwargs}|{meta}\n".encode())
         h.update(str(self.num_fwd_outputs).encode())
         return h.hexdigest()[:16]
 

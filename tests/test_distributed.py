@@ -105,3 +105,25 @@ def test_plan_file_from_rank0_serves_every_rank(ranks):
         scenario = result["plan_file"]
         assert scenario["written"]
         assert scenario["first"] == scenario["second"] == ranks[0]["plan_file"]["first"]
+
+
+def _joint_on(device):
+    import torch
+    import torch.fx as fx
+
+    from planner.graph import JointGraph
+
+    graph = fx.Graph()
+    x = graph.placeholder("primals_1")
+    ones = graph.call_function(torch.ops.aten.full.default, ([4], 1.0), {"device": device, "dtype": torch.float32})
+    graph.output((graph.call_function(torch.ops.aten.add.Tensor, (x, ones)),))
+    return JointGraph(fx.GraphModule({}, graph), num_fwd_outputs=1)
+
+
+def test_ranks_on_their_own_device_index_see_one_graph():
+    """Rank r places its graph on cuda:r: the fingerprint names the device's type, not its index."""
+    import torch
+
+    rank0, rank1 = (_joint_on(torch.device("cuda", r)).fingerprint for r in (0, 1))
+    assert rank0 == rank1
+    assert _joint_on(torch.device("cpu")).fingerprint != rank0
