@@ -19,6 +19,7 @@ from planner.distributed import from_rank0, world
 from planner.errors import PlanFileError
 from planner.frames import own_frame
 from planner.plan_file import PlanFile, read_plan_file, write_plan_file
+from planner.schedule import REST_OF_STEP
 from planner.problem import evaluate_names
 from planner.units import format_bytes
 
@@ -103,6 +104,10 @@ class Plan:
             ("plan time", f"{self.graph_plan.plan_seconds * 1e3:.0f} ms (solver {d.solve_seconds * 1e3:.0f} ms)"),
             ("graph", f"{len(self.graph_plan.problem)} forward nodes, fingerprint {self.graph_plan.fingerprint}"),
         ]
+        schedule = self.graph_plan.problem.schedule
+        if schedule.step_names[:1] == (REST_OF_STEP,):
+            rows.insert(4, ("rest of the step", f"{format_bytes(int(schedule.base[0]))} besides the saved values, between "
+                                                "forward and backward (the outputs go on to more of the step)"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

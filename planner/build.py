@@ -10,10 +10,11 @@ import torch.fx as fx
 from estimators.base import Estimator
 from planner.graph import JointGraph
 from planner.memory import build_schedule, constant_inlined
+from planner.schedule import with_rest_of_step
 from planner.ops import aliased_input, first_tensor, is_getitem, is_random, side_effect, storage_bytes
 from planner.problem import Problem
 
-__all__ = ["build_problem", "estimate_step_seconds"]
+__all__ = ["build_problem", "estimate_step_seconds", "hands_on"]
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -22,6 +23,13 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     """One row per forward-region node: bytes, runtime, what may be done with it, and when
     each value is alive (its :class:`~planner.schedule.Schedule`; ``fuse`` for inductor;
     ``repeats``: times the graph's forward runs before its backward in one step).
+
+    A graph that runs once and hands its outputs on (:func:`hands_on`) keeps its saved values
+    through the rest of the step, which runs between its forward and its backward: later graphs
+    (DDP's graph per bucket, graph breaks) or the caller's loss. The schedule gets a step for it
+    (:func:`planner.schedule.with_rest_of_step`) at which the rest of the step is taken to need
+    this graph's own least peak (the frugal reference's): saving more then costs memory however
+    low the graph's own peak is, so a budget orders what it holds for the rest of the step.
 
     Views and getitems cost nothing to recompute and are never saved (their base is), nor, with
     ``fuse``, is a constant (``iota``, ``full``...) that inductor computes inside every kernel
@@ -60,7 +68,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
         runtime[i] = 0.0 if view or is_getitem(node) else estimator.recompute_seconds(node, index)
         idx.extend(index[inp] for inp in node.all_input_nodes if inp in index)
         ptr.append(len(idx))
-    return Problem(
+    problem = Problem(
         names=tuple(node.name for node in nodes),
         nbytes=nbytes,
         runtime=runtime,
@@ -77,6 +85,34 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
         schedule=replace(build_schedule(joint, fuse), repeats=repeats),
         save_seconds=save_seconds,
     )
+    if repeats == 1 and hands_on(joint):
+        problem = _with_rest_of_step(problem)
+    return problem
+
+
+def hands_on(joint: JointGraph) -> bool:
+    """Whether more of the step runs between the graph's forward and its backward: no forward
+    output is a one-element floating tensor (a loss, whose backward begins as soon as it is
+    computed), so the outputs go on to other graphs or to the caller. A graph that runs several
+    times before its backward (``repeats``) counts its other runs instead."""
+    return not any(
+        isinstance(out, fx.Node) and isinstance(val := out.meta.get("val"), torch.Tensor)
+        and val.is_floating_point() and val.numel() == 1
+        for out in joint.fwd_outputs
+    )
+
+
+def _with_rest_of_step(problem: Problem) -> Problem:
+    """``problem`` with the rest of the step between its forward and its backward, taken to need
+    the graph's own least peak (see :func:`build_problem`); alive with it are the graph's held
+    outputs and the input copies its backward reads."""
+    from solvers.reference import reference_plan
+
+    s = problem.schedule
+    own = s.owner == np.arange(len(s.owner))
+    held = int(problem.nbytes[own & s.held.astype(bool)].sum())
+    entry = held + int(s.fwd_base[-1] if len(s.fwd_base) else 0) + reference_plan(problem).peak_bytes
+    return replace(problem, schedule=with_rest_of_step(s, entry))
 
 
 def _never_recompute(node: fx.Node, val: object, mutated: frozenset[fx.Node]) -> str | None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Schedule", "Profile", "profile", "consumers"]
+__all__ = ["Schedule", "Profile", "profile", "consumers", "with_rest_of_step"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,3 +229,23 @@ def _read_until(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarra
             continue
         until[e] = max([int(schedule.last_read[e]), made[e]] + [until[w] for w in cons[e] if w in until])
     return until
+
+
+REST_OF_STEP = "(rest of the step)"
+
+
+def with_rest_of_step(schedule: Schedule, entry_bytes: int) -> Schedule:
+    """``schedule`` with a first backward step at which nothing of this graph is read and
+    ``entry_bytes`` are alive besides its saved values: the rest of the training step (later
+    graphs, the caller's loss) running between this graph's forward and its backward."""
+    from dataclasses import replace
+
+    return replace(
+        schedule,
+        first_read=schedule.first_read + 1,
+        last_read=np.where(schedule.last_read < 0, -1, schedule.last_read + 1),
+        base=np.concatenate(([entry_bytes], schedule.base)).astype(np.int64),
+        reuse=np.concatenate(([0], schedule.reuse)).astype(np.int64),
+        reuse_base=np.concatenate(([False], schedule.reuse_base)),
+        step_names=(REST_OF_STEP, *schedule.step_names),
+    )

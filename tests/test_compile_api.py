@@ -79,6 +79,46 @@ def test_an_absolute_budget_bounds_the_steps_peak_across_graph_breaks():
     assert backend.predicted_step_peak <= budget
 
 
+class HandsOn(nn.Module):
+    """A first graph whose own peak is its weights' gradients (its activations are small beside
+    them), whose output goes on to a second graph that computes the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(64, 4096), nn.GELU(), nn.Linear(4096, 64))
+        self.second = nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        torch._dynamo.graph_break()
+        return self.second(h).sum()
+
+
+def test_a_graph_that_hands_its_outputs_on_holds_less_at_a_lower_budget():
+    # alone, the first graph's least peak is set by its backward whatever it saves; in the step
+    # its saved values wait while the second graph runs, so budget 0 must hold less than 1.0
+    from planner.schedule import REST_OF_STEP
+
+    def make():
+        torch.manual_seed(0)
+        return HandsOn(), (torch.randn(8, 64),)
+
+    held = {}
+    for budget in (0.0, 1.0):
+        planned = {}
+
+        def run(twin, inputs, budget=budget):
+            planned["module"] = planner.compile(twin, memory_budget=budget, **EAGER)
+            return planned["module"]
+
+        assert_same_step(make, run)
+        backend = planned["module"].planner_backend
+        first, second = (g.problem.schedule.step_names[0] for g in backend.graphs)
+        assert first == REST_OF_STEP and second != REST_OF_STEP  # the second returns the loss
+        held[budget] = backend.timelines[0].held_after_forward
+    assert held[0.0] < held[1.0]
+
+
 def test_the_named_backend_reads_its_settings_from_the_environment(tmp_path):
     config = tmp_path / "plan.toml"
     config.write_text('[planner]\nmemory_budget = 1.0\nsolver = "greedy"\ncodegen = "eager"\n')

@@ -36,7 +36,9 @@ def test_blocks_compiled_with_compile_blocks_train_like_eager_and_share_one_grap
     assert backend.predicted_step_peak == timeline.peak + 3 * timeline.held_after_forward
 
 
-def test_the_frugal_end_of_a_repeated_block_has_the_least_step_peak_a_one_run_plan_misses():
+def test_the_frugal_end_of_a_repeated_block_has_the_least_step_peak():
+    from solvers.frugal import min_peak_plan
+
     model, batch = gpt_example(FOUR)
     planned = {}
     for repeats in (1, 4):
@@ -51,11 +53,13 @@ def test_the_frugal_end_of_a_repeated_block_has_the_least_step_peak_a_one_run_pl
         out.sum().backward()
         planned[repeats] = backend.graphs[0]
     repeated = planned[4].problem
+    least = min_peak_plan(repeated, 10)
+    assert least.optimal
     one_run_plan = evaluate(repeated, repeated.mask(repeated.index(planned[1].decision.saved)))
     four_run_plan = evaluate(repeated, repeated.mask(repeated.index(planned[4].decision.saved)))
-    # counted over the four runs, the plan made for them holds less at its peak: it saves less
-    assert four_run_plan.peak_bytes < one_run_plan.peak_bytes
-    assert four_run_plan.memory_bytes < one_run_plan.memory_bytes
+    # counted over the four runs, the plan made for them has the least peak; the plan made for
+    # one run (its outputs handed on, so it models the rest of the step) holds no less
+    assert four_run_plan.peak_bytes == least.plan.peak_bytes <= one_run_plan.peak_bytes
 
 
 def test_a_graph_run_more_often_than_planned_warns_and_says_how_often_it_ran():
