@@ -157,3 +157,13 @@ def test_a_recompiled_graph_replaces_its_earlier_self_in_the_step():
     # the step is the latest graph of each frame, not every graph compiled
     assert backend.predicted_step_peak == max(first_frame.peak, first_frame.held_after_forward + second_frame.peak)
     assert backend.predicted_step_peak < sum(t.held_after_forward for t in backend.timelines)
+
+
+def test_the_plan_summary_names_the_rest_of_the_step_only_where_outputs_go_on():
+    from tests.models import cnn, mlp
+
+    settings = dict(memory_budget=0.0, solver="greedy")
+    handed_on = planner.plan(*mlp(), **settings)  # returns a tensor the caller's loss reads
+    assert "rest of the step" in handed_on.summary()
+    assert handed_on.predicted.peak_bytes >= handed_on.graph_plan.problem.schedule.base[0]
+    assert "rest of the step" not in planner.plan(*cnn(), **settings).summary()  # returns its loss
