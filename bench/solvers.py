@@ -6,7 +6,7 @@ the ``greedy``/``dp`` solvers. Every objective is measured on the graph by
 ``planner.problem.evaluate``; the gap is to the best plan any method found at that budget.
 
     python -m bench.solvers [--layers 4 12 48] [--budgets 0.1 0.3 0.5 0.8] [--time-limit 30]
-    python -m bench.solvers --cold [--layers 4 12 48 96] [--methods greedy dp mincut cpsat ilp]
+    python -m bench.solvers --cold [--layers 4 12 48 96] [--methods greedy dp mincut cpsat ilp] [--repeats 3]
 
 Budget fractions are of the range from the most frugal plan's peak to the runtime-optimal
 plan's. The most frugal plan is searched once per model and kept in the planner's cache
@@ -103,52 +103,65 @@ def bench(layers: list[int], budgets: list[float], time_limit: float, methods: l
     return rows
 
 
-def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit: float) -> list[dict]:
-    """Cold plan time against PyTorch's partition time on the same joint graph.
+def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit: float, repeats: int = 3) -> list[dict]:
+    """Cold plan time against PyTorch's partition time on the same joint graph, each the median
+    of ``repeats`` runs (a 2-core machine's single runs move by up to 2x).
 
     Ours: :func:`planner.compiler.solve_graph` (estimate, build the problem, resolve the budget,
     solve) and :func:`planner.emit.emit` (the forward and backward modules), as a new process
-    with an empty cache directory plans it. PyTorch's: ``min_cut_rematerialization_partition``
-    at ``activation_memory_budget`` = the fraction (its own knapsack and split). Both on a fresh
-    copy of the captured joint graph (the copy is not timed).
+    with an empty cache directory plans it (the process-wide caches emptied before each run).
+    PyTorch's: ``min_cut_rematerialization_partition`` at ``activation_memory_budget`` = the
+    fraction (its own knapsack and split). Both on a fresh copy of the captured joint graph (the
+    copy is not timed).
     """
     import copy
+    import statistics
     import tempfile
 
+    from estimators import flops
     from planner.compiler import solve_graph
     from planner.config import PlannerConfig
+    from planner.decisions import forget_decisions
     from planner.emit import emit
     from planner.graph import JointGraph
     from solvers import frugal, reference
 
     partition = _torch_compat.pytorch_partition()
+
+    def pytorch_seconds(joint, fraction: float) -> float:
+        gm = copy.deepcopy(joint.module)
+        start = time.perf_counter()
+        with torch._functorch.config.patch(activation_memory_budget=fraction):
+            partition(gm, joint.joint_inputs, num_fwd_outputs=joint.num_fwd_outputs)
+        return time.perf_counter() - start
+
+    def our_seconds(joint, config: PlannerConfig):
+        mine = JointGraph(copy.deepcopy(joint.module), joint.num_fwd_outputs, joint.joint_inputs)
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["ACPLAN_CACHE_DIR"] = cache
+            for found in (frugal._FOUND, reference._FOUND, flops._COUNTED):  # what a new process starts without
+                found.clear()
+            forget_decisions()
+            start = time.perf_counter()
+            graph_plan = solve_graph(mine, config)
+            emit(mine, graph_plan.problem, graph_plan.decision.saved)
+            return time.perf_counter() - start, graph_plan.decision
+
     rows = []
     for n_layer in layers:
         model, batch = gpt_example(GPTConfig(n_layer=n_layer))
         joint = capture(model, batch)
         for fraction in budgets:
-            gm = copy.deepcopy(joint.module)
-            start = time.perf_counter()
-            with torch._functorch.config.patch(activation_memory_budget=fraction):
-                partition(gm, joint.joint_inputs, num_fwd_outputs=joint.num_fwd_outputs)
-            theirs = time.perf_counter() - start
+            theirs = statistics.median(pytorch_seconds(joint, fraction) for _ in range(repeats))
             for solver in solvers:
-                mine = JointGraph(copy.deepcopy(joint.module), joint.num_fwd_outputs, joint.joint_inputs)
-                with tempfile.TemporaryDirectory() as cache:
-                    os.environ["ACPLAN_CACHE_DIR"] = cache
-                    frugal._FOUND.clear()
-                    reference._FOUND.clear()
-                    config = PlannerConfig(memory_budget=fraction, solver=solver, estimator="flops",
-                                           time_limit=time_limit, codegen="eager")
-                    start = time.perf_counter()
-                    graph_plan = solve_graph(mine, config)
-                    emit(mine, graph_plan.problem, graph_plan.decision.saved)
-                    seconds = time.perf_counter() - start
-                d = graph_plan.decision
+                config = PlannerConfig(memory_budget=fraction, solver=solver, estimator="flops",
+                                       time_limit=time_limit, codegen="eager")
+                runs = [our_seconds(joint, config) for _ in range(repeats)]
+                seconds, d = statistics.median(r[0] for r in runs), runs[-1][1]
                 rows.append({"layers": n_layer, "joint_nodes": len(joint), "budget": fraction, "method": solver,
                              "cold_seconds": seconds, "pytorch_partition_seconds": theirs,
                              "ratio": seconds / theirs, "objective": d.seconds, "peak_bytes": d.peak_bytes,
-                             "status": d.status, "proven_gap": d.gap})
+                             "status": d.status, "proven_gap": d.gap, "repeats": repeats})
                 print(_cold_row(rows[-1]), flush=True)
     return rows
 
@@ -186,14 +199,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cold", action="store_true",
                         help="cold plan time (empty cache, budget resolution included) against PyTorch's partition "
                              "time, per solver of --methods (default greedy dp mincut cpsat ilp)")
+    parser.add_argument("--repeats", type=int, default=3, help="--cold: runs per point, the median reported (default 3)")
     args = parser.parse_args(argv)
     if args.cold:
         print(COLD_HEADER, flush=True)
-        rows = cold(args.layers, args.budgets, args.methods or ["greedy", "dp", "mincut", "cpsat", "ilp"], args.time_limit)
+        rows = cold(args.layers, args.budgets, args.methods or ["greedy", "dp", "mincut", "cpsat", "ilp"], args.time_limit,
+                    args.repeats)
         out = args.out.with_name(args.out.stem + "-cold.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"meta": {"torch": torch.__version__, "cpus": os.cpu_count(),
-                                            "time_limit": args.time_limit}, "rows": rows}, indent=1))
+                                            "time_limit": args.time_limit, "repeats": args.repeats}, "rows": rows}, indent=1))
         print(f"wrote {out}")
         return
     print(HEADER, flush=True)

@@ -39,7 +39,10 @@ def _val(arg):
 
 
 def count_flops(node: fx.Node) -> int:
-    """FLOPs of one call of the node's op, on its fake input tensors (0 for ops without a formula)."""
+    """FLOPs of one call of the node's op, on its fake input tensors (0 for ops without a formula).
+
+    Counted once per op and argument signature (shapes, dtypes, other arguments) in the process:
+    the layers of a model repeat the same calls."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return 0
@@ -47,12 +50,25 @@ def count_flops(node: fx.Node) -> int:
         return 0
     args = tree_map(_val, node.args, is_leaf=lambda x: isinstance(x, fx.Node))
     kwargs = tree_map(_val, node.kwargs, is_leaf=lambda x: isinstance(x, fx.Node))
-    if target.overloadpacket.__name__.startswith("_scaled_dot_product"):
-        args = _query_heads(args)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        target(*args, **kwargs)
-    return int(counter.get_total_flops())
+    key = repr((target, tree_map(_signature, (args, kwargs))))
+    if key not in _COUNTED:
+        if len(_COUNTED) > 100_000:
+            _COUNTED.clear()
+        if target.overloadpacket.__name__.startswith("_scaled_dot_product"):
+            args = _query_heads(args)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            target(*args, **kwargs)
+        _COUNTED[key] = int(counter.get_total_flops())
+    return _COUNTED[key]
+
+
+_COUNTED: dict[str, int] = {}
+
+
+def _signature(arg):
+    """What a FLOP formula reads of an argument: a tensor's shape and dtype, any other value."""
+    return ("tensor", tuple(arg.shape), arg.dtype) if isinstance(arg, torch.Tensor) else arg
 
 
 def _query_heads(args: tuple) -> tuple:

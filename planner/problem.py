@@ -12,6 +12,8 @@ from typing import Iterable
 from functools import cached_property
 
 import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import breadth_first_order
 
 from planner.errors import PlannerError
 from planner.schedule import Profile, Schedule, consumers, profile
@@ -155,26 +157,35 @@ def evaluate(problem: Problem, saved: np.ndarray) -> Evaluation:
     bad = saved & ~problem.saveable
     if bad.any():
         raise InfeasibleDecision(f"node {problem.names[int(np.flatnonzero(bad)[0])]} cannot be saved (it owns no storage)")
-    used = np.zeros(len(problem), dtype=bool)
-    recomputed = np.zeros(len(problem), dtype=bool)
-    stack = list(np.flatnonzero(problem.needed))
-    inputs, recomputable = problem.inputs, problem.recomputable
-    while stack:
-        i = stack.pop()
-        if saved[i]:
-            used[i] = True
-        elif not recomputed[i]:
-            if not recomputable[i]:
-                raise InfeasibleDecision(
-                    f"node {problem.names[i]} is needed by the backward but is not saved and cannot be "
-                    f"recomputed ({problem.must_save_reason.get(i, 'not recomputable')})"
-                )
-            recomputed[i] = True
-            stack.extend(inputs[i])
+    reached = _reached(problem, saved)
+    used, recomputed = reached & saved, reached & ~saved
+    blocked = recomputed & ~problem.recomputable
+    if blocked.any():
+        i = int(np.flatnonzero(blocked)[-1])
+        raise InfeasibleDecision(
+            f"node {problem.names[i]} is needed by the backward but is not saved and cannot be "
+            f"recomputed ({problem.must_save_reason.get(i, 'not recomputable')})"
+        )
     memory = int(problem.nbytes[used].sum()) + _rng_bytes(problem, recomputed)
     peak = _profile(problem, used, recomputed).peak
     return Evaluation(used, recomputed, memory, float(problem.runtime[recomputed].sum()), peak,
                       float(problem.save_seconds[used].sum()))
+
+
+def _reached(problem: Problem, saved: np.ndarray) -> np.ndarray:
+    """Nodes the backward reaches from what it reads, through the inputs of the nodes it
+    recomputes (a saved node is reached, its inputs are not): a breadth-first search from a
+    source linked to every needed node, over the input edges of the nodes not saved."""
+    n = len(problem)
+    lengths = np.diff(problem.input_ptr)
+    needed = np.flatnonzero(problem.needed)
+    kept = np.repeat(~saved, lengths)
+    indices = np.concatenate((problem.input_idx[kept], needed))
+    indptr = np.concatenate(([0], np.cumsum(np.where(saved, 0, lengths)), [len(indices)]))
+    graph = csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr), shape=(n + 1, n + 1))
+    reached = np.zeros(n + 1, dtype=bool)
+    reached[breadth_first_order(graph, n, directed=True, return_predecessors=False)] = True
+    return reached[:n]
 
 
 def memory_profile(problem: Problem, plan: Evaluation) -> Profile:

@@ -209,25 +209,34 @@ def profile(
 def _made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:
     """Backward step at which each recomputed node's copy is made: its first direct reader, or
     the earliest copy that reads it, whichever comes first; an op's outputs with the op."""
-    made: dict[int, int] = {}
-    for e in np.flatnonzero(recomputed)[::-1]:
-        e = int(e)
-        made[e] = min([int(schedule.first_read[e])] + [made[w] for w in cons[e] if w in made])
-    for e in made:
-        made[e] = made.get(int(schedule.made_with[e]), made[e])
-    return made
+    order = np.flatnonzero(recomputed)[::-1].tolist()
+    first_read = schedule.first_read.tolist()
+    at: dict[int, int] = {}  # node -> step, filled in reverse topological order
+    for e in order:
+        m = first_read[e]
+        for w in cons[e]:
+            v = at.get(w)
+            if v is not None and v < m:
+                m = v
+        at[e] = m
+    made_with = schedule.made_with
+    return {e: at.get(int(made_with[e]), m) for e, m in at.items()}
 
 
 def _read_until(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray, made: dict[int, int]) -> dict[int, int]:
     """Last backward step at which each recomputed node's copy reads its inputs: the step it is
     made at, or for a fused copy, the last kernel that computes it (its last reader's)."""
     until: dict[int, int] = {}
-    for e in np.flatnonzero(recomputed)[::-1]:
-        e = int(e)
-        if not schedule.fused[e]:
-            until[e] = made[e]
-            continue
-        until[e] = max([int(schedule.last_read[e]), made[e]] + [until[w] for w in cons[e] if w in until])
+    fused, last_read = schedule.fused.tolist(), schedule.last_read.tolist()
+    for e in np.flatnonzero(recomputed)[::-1].tolist():
+        m = made[e]
+        if fused[e]:
+            m = max(m, last_read[e])
+            for w in cons[e]:
+                v = until.get(w)
+                if v is not None and v > m:
+                    m = v
+        until[e] = m
     return until
 
 

@@ -321,3 +321,25 @@ def test_flops_of_grouped_query_attention_are_those_of_the_repeated_heads():
     repeated = make_fx(attention, tracing_mode="fake")(q, torch.randn(2, 8, 32, 16), torch.randn(2, 8, 32, 16))
     sdpa = [[n for n in g.graph.nodes if "scaled_dot_product" in str(n.target)][0] for g in (grouped, repeated)]
     assert count_flops(sdpa[0]) == count_flops(sdpa[1]) > 0
+
+
+def test_flops_are_counted_once_per_call_signature_and_tell_shapes_and_arguments_apart():
+    from estimators import flops
+
+    def layers(x, w, v):
+        a = torch.mm(x, w)
+        b = torch.mm(a, w)  # the same call as a's: counted once
+        c = torch.mm(x, v)  # another shape
+        k = w[None, None, :3, :3]
+        d = torch.ops.aten.convolution(x[None, None], k, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+        e = torch.ops.aten.convolution(x[None, None], k, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1)
+        return b, c, d, e
+
+    graph = make_fx(layers, tracing_mode="fake")(torch.randn(16, 16), torch.randn(16, 16), torch.randn(16, 64))
+    mm = [n for n in graph.graph.nodes if n.target == torch.ops.aten.mm.default]
+    conv = [n for n in graph.graph.nodes if n.target == torch.ops.aten.convolution.default]
+    flops._COUNTED.clear()
+    counts = [flops.count_flops(n) for n in mm + conv]
+    assert counts[:3] == [2 * 16 * 16 * 16] * 2 + [2 * 16 * 16 * 64]
+    assert counts[3] > counts[4] > 0  # stride 2 makes fewer outputs: the stride is in the signature
+    assert len(flops._COUNTED) == 4
