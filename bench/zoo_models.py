@@ -72,6 +72,15 @@ def _llama(size: str):
     return _CausalLM(LlamaForCausalLM(cfg)), _tokens(batch, seq, vocab)
 
 
+def _gpt2_breaks(size: str):
+    """GPT-2 with a graph break before every second block (1, 3, ...): torch.compile makes several graphs of
+    one step (as models with data-dependent Python or unsupported calls do)."""
+    model, batch = _gpt2(size)
+    for block in list(model.model.transformer.h)[1::2]:
+        block.register_forward_pre_hook(lambda module, args: torch._dynamo.graph_break())
+    return model, batch
+
+
 def _bert(size: str):
     from transformers import BertConfig, BertForMaskedLM
 
@@ -96,6 +105,7 @@ def _timm(arch: str, bench_batch: int, tiny: dict):
 
 MODELS: dict[str, ZooModel] = {
     "gpt2": ZooModel(_gpt2, "transformers", "GPT2LMHeadModel, 6 layers, d 768, seq 1024, batch 8, vocab 8192"),
+    "gpt2-breaks": ZooModel(_gpt2_breaks, "transformers", "gpt2 with a graph break before every second block (1, 3, 5)"),
     "llama": ZooModel(_llama, "transformers",
                       "LlamaForCausalLM, 6 layers, d 1024, 16 heads / 8 kv, ffn 2816, seq 2048, batch 4, vocab 8192"),
     "bert": ZooModel(_bert, "transformers", "BertForMaskedLM, 6 layers, d 768, seq 512, batch 16, vocab 8192"),
