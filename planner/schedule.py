@@ -28,7 +28,7 @@ plan's peak here is what they bound.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -247,8 +247,6 @@ def with_rest_of_step(schedule: Schedule, entry_bytes: int) -> Schedule:
     """``schedule`` with a first backward step at which nothing of this graph is read and
     ``entry_bytes`` are alive besides its saved values: the rest of the training step (later
     graphs, the caller's loss) running between this graph's forward and its backward."""
-    from dataclasses import replace
-
     return replace(
         schedule,
         first_read=schedule.first_read + 1,
