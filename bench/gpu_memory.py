@@ -5,7 +5,7 @@ and a ResNet-18-style CNN (batch 64, 224x224, bf16), the planner runs through to
 inductor at each budget. Per point: the simulated peak of the emitted graphs
 (:func:`planner.memory.simulate`, the prediction), the peak the solver bounded, the measured
 peak activation memory (``max_memory_allocated`` during a step minus ``memory_allocated``
-before it), the median step time over ``--steps`` CUDA-event-timed steps after a warm-up step,
+before it), the median step time over ``--steps`` CUDA-event-timed steps after the warm-up steps,
 and the plan time.
 
     python -m bench.gpu_memory [--models gpt resnet] [--budgets 1 0.8 0.6 0.4 0.2 0] [--solver cpsat]

@@ -3,7 +3,8 @@
 Methods: eager, torch.compile with PyTorch's ``activation_memory_budget``, and the planner as
 the torch.compile backend (inductor) at the same budgets. Peak activation memory is
 ``max_memory_allocated`` during a step minus ``memory_allocated`` before it; step time is the
-median of ``--steps`` CUDA-event-timed steps after one warm-up step that compiles.
+median of ``--steps`` CUDA-event-timed steps after two warm-up steps: the first compiles, and in
+the second the planner plans graphs again for the step it saw (``PlannerConfig.replan``).
 
     python -m bench.gpu_step [--layers 8] [--budgets 1.0 0.5 0.0] [--solver ilp]
 """
@@ -21,13 +22,15 @@ from bench import save_rows
 from planner.models import GPTConfig, gpt_example
 
 RESULTS = Path(__file__).parent / "results"
+WARM_UP_STEPS = 2
 
 
 def measure(run, params, batch, steps: int) -> dict:
     """Peak activation memory (bytes) and median step time (ms) of ``run(*batch).backward()``,
     and of one step's forward: its peak and the bytes it leaves alive for the backward."""
-    _clear(params)
-    run(*batch).backward()  # warm-up: compiles
+    for _ in range(WARM_UP_STEPS):  # the first compiles; the second may compile graphs planned again
+        _clear(params)
+        run(*batch).backward()
     torch.cuda.synchronize()
     _clear(params)
     before = torch.cuda.memory_allocated()

@@ -17,14 +17,16 @@ import torch
 
 import planner
 from bench.gpu_memory import MODELS
+from bench.gpu_step import WARM_UP_STEPS
 
 MIB = 2**20
 
 
 def trace_step(run, params, batch) -> list[dict]:
-    for p in params:
-        p.grad = None
-    run(*batch).backward()  # warm-up: compiles
+    for _ in range(WARM_UP_STEPS):  # compiles, then plans again for the step seen
+        for p in params:
+            p.grad = None
+        run(*batch).backward()
     for p in params:
         p.grad = None
     torch.cuda.synchronize()

@@ -19,7 +19,8 @@ __all__ = ["build_problem", "estimate_step_seconds", "hands_on"]
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, repeats: int = 1) -> Problem:
+def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, repeats: int = 1,
+                  rest_bytes: int | None = None) -> Problem:
     """One row per forward-region node: bytes, runtime, what may be done with it, and when
     each value is alive (its :class:`~planner.schedule.Schedule`; ``fuse`` for inductor;
     ``repeats``: times the graph's forward runs before its backward in one step).
@@ -27,9 +28,10 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     A graph that runs once and hands its outputs on (:func:`hands_on`) keeps its saved values
     through the rest of the step, which runs between its forward and its backward: later graphs
     (DDP's graph per bucket, graph breaks) or the caller's loss. The schedule gets a step for it
-    (:func:`planner.schedule.with_rest_of_step`) at which the rest of the step is taken to need
-    this graph's own least peak (the frugal reference's): saving more then costs memory however
-    low the graph's own peak is, so a budget orders what it holds for the rest of the step.
+    (:func:`planner.schedule.with_rest_of_step`) at which the rest of the step needs
+    ``rest_bytes`` (what a step was seen to need there), or, before a step has been seen, this
+    graph's own least peak (the frugal reference's): saving more then costs memory however low
+    the graph's own peak is, so a budget orders what it holds for the rest of the step.
 
     Views and getitems cost nothing to recompute and are never saved (their base is), nor, with
     ``fuse``, is a constant (``iota``, ``full``...) that inductor computes inside every kernel
@@ -86,7 +88,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
         save_seconds=save_seconds,
     )
     if repeats == 1 and hands_on(joint):
-        problem = _with_rest_of_step(problem)
+        problem = _with_rest_of_step(problem, rest_bytes)
     return problem
 
 
@@ -102,16 +104,17 @@ def hands_on(joint: JointGraph) -> bool:
     )
 
 
-def _with_rest_of_step(problem: Problem) -> Problem:
-    """``problem`` with the rest of the step between its forward and its backward, taken to need
-    the graph's own least peak (see :func:`build_problem`); alive with it are the graph's held
-    outputs and the input copies its backward reads."""
+def _with_rest_of_step(problem: Problem, rest_bytes: int | None = None) -> Problem:
+    """``problem`` with the rest of the step between its forward and its backward, needing
+    ``rest_bytes``, else the graph's own least peak (see :func:`build_problem`); alive with it
+    are the graph's held outputs and the input copies its backward reads."""
     from solvers.reference import reference_plan
 
     s = problem.schedule
     own = s.owner == np.arange(len(s.owner))
     held = int(problem.nbytes[own & s.held.astype(bool)].sum())
-    entry = held + int(s.fwd_base[-1] if len(s.fwd_base) else 0) + reference_plan(problem).peak_bytes
+    rest = reference_plan(problem).peak_bytes if rest_bytes is None else rest_bytes
+    entry = held + int(s.fwd_base[-1] if len(s.fwd_base) else 0) + rest
     return replace(problem, schedule=with_rest_of_step(s, entry))
 
 

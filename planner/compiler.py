@@ -6,7 +6,7 @@ import time
 import warnings
 import weakref
 from functools import partial
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -26,6 +26,7 @@ from planner.emit import emit
 from planner.errors import PlanFileError
 from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph
+from planner.schedule import REST_OF_STEP
 from planner.memory import Timeline, simulate
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
 from solvers import get_solver
@@ -48,7 +49,8 @@ class GraphPlan:
     estimator: str  # the estimator that priced the graph, as reports name it
 
 
-def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, repeats: int = 1) -> GraphPlan:
+def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, repeats: int = 1,
+                rest_bytes: int | None = None) -> GraphPlan:
     """Estimate, build the problem, resolve the budget and solve, for one joint graph.
 
     ``held_bytes`` are kept alive while this graph runs by graphs that ran before it in the
@@ -56,7 +58,8 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
     graph gets what they leave of it. A fraction is of this graph's own range. ``repeats`` is
     how many times the graph's forward runs before its backward (the blocks of a model compiled
     block by block): the peak the budget bounds, and a fraction's range, count the saved
-    values of every run.
+    values of every run. ``rest_bytes``: what the rest of the step needs between the graph's
+    forward and its backward, where a step has been seen (:func:`planner.build.build_problem`).
 
     A graph solved before with the same settings reuses that decision (:mod:`planner.decisions`).
     Under ``torch.distributed``, the ranks check that they compiled the same graph and rank 0
@@ -81,11 +84,12 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         received = partial(_fits, problem, "rank 0's decision", "give every rank the same model and settings")
 
         def on_rank0() -> Decision:  # the deciding rank alone hashes the key and looks it up
-            return reuse_or_solve(decision_key(joint, config, held_bytes, repeats), lambda: solve(problem), kept)
+            return reuse_or_solve(decision_key(joint, config, held_bytes, repeats, rest_bytes), lambda: solve(problem),
+                                  kept)
 
         return decide_on_rank0(on_rank0, received)
 
-    return _plan_graph(joint, config, decide, repeats)
+    return _plan_graph(joint, config, decide, repeats, rest_bytes)
 
 
 def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem, held_bytes: int = 0) -> bool:
@@ -144,14 +148,28 @@ def _fits(problem: Problem, what: str, fix: str, decision: Decision) -> Decision
 
 
 def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Problem], Decision],
-                repeats: int = 1) -> GraphPlan:
+                repeats: int = 1, rest_bytes: int | None = None) -> GraphPlan:
     """Estimate and build the problem, then ``decide`` on it; timed as a whole."""
     start = time.perf_counter()
     estimator = get_estimator(config.estimator, **config.estimator_options)
-    problem = build_problem(joint, estimator, fuse=config.codegen == "inductor", repeats=repeats)
+    problem = build_problem(joint, estimator, fuse=config.codegen == "inductor", repeats=repeats, rest_bytes=rest_bytes)
     decision = decide(problem)
     return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator),
                      time.perf_counter() - start, str(estimator))
+
+
+@dataclass
+class _Part:
+    """What the backend keeps of one part of the step to plan it again: the graph dynamo gave
+    it, its joint graph, its place in ``graphs``, and how it was planned."""
+
+    gm: fx.GraphModule | None
+    joint: JointGraph | None = None
+    index: int = -1
+    repeats: int = 1
+    rest_bytes: int | None = None
+    seen: bool = False  # planned again for a step seen (or found right as it was)
+    plan: GraphPlan | None = None  # the plan its compile for the step seen uses
 
 
 class PlannerBackend:
@@ -164,8 +182,14 @@ class PlannerBackend:
     ``repeats`` is how many times each of its graphs runs its forward before its backward in one
     step (:func:`compile_blocks` gives the number of blocks). The compiled graphs count it as
     they run: ``runs`` holds, per part of the step, the most runs seen waiting for their
-    backward at once, and a graph that runs more often than it was planned for warns, since its
-    other runs' saved values are then outside the budget.
+    backward at once.
+
+    A graph is planned as it compiles, before the graphs after it in the step exist. Once a step
+    has run (``config.replan``), the first run of a graph after its own backward began plans it
+    again for what that step showed: the times it ran before its backward, and, for a graph that
+    hands its outputs on, what the graphs after it needed while its saved values waited
+    (:meth:`rest_after`) instead of its own least peak. Where the plan changes, the graph is
+    compiled again (once) and the new modules run from then on; ``replanned`` lists those parts.
     """
 
     def __init__(self, config: PlannerConfig, fixed: GraphPlan | None = None, repeats: int = 1) -> None:
@@ -180,19 +204,27 @@ class PlannerBackend:
         self.runs: dict[Any, int] = {}
         self.graphs: list[GraphPlan] = []
         self.timelines: list[Timeline] = []
+        self.replanned: list[Any] = []
         # the latest timeline of each part of the step (a frame's graph, or each graph one compile
         # of a frame hands over), in the order they first compiled: a recompile of a frame (new
         # shapes) replaces its graphs in the step, it does not add to them
         self._step: dict[Any, Timeline] = {}
+        self._parts: dict[Any, _Part] = {}
         self._compiling: tuple[int, int] | None = None  # dynamo's (frame, compile) ids of the graph compiling
         self._place = 0  # its place among the graphs that compile handed over
+        self._replanning: Any = None  # the part planned again now, outside dynamo's compile
         self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_options)
 
     def partition(self, joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **_: Any):
         """AOTAutograd partition function: plan the joint graph and split it accordingly."""
         joint = JointGraph(joint_module, num_fwd_outputs, list(joint_inputs))
-        if self.fixed is None:
-            graph_plan = solve_graph(joint, self.config, self.held_bytes, self.repeats)
+        key = self._step_key
+        part = self._parts.get(key)
+        if part is not None and part.plan is not None and part.plan.fingerprint == joint.fingerprint:
+            graph_plan = part.plan  # planned again for the step seen, on this graph's copy
+        elif self.fixed is None:
+            repeats, rest = (part.repeats, part.rest_bytes) if part is not None else (self.repeats, None)
+            graph_plan = solve_graph(joint, self.config, self._held_before(key), repeats, rest)
         elif joint.fingerprint == self.fixed.fingerprint:
             graph_plan = self.fixed
         else:
@@ -200,11 +232,18 @@ class PlannerBackend:
                 f"the compiled graph (fingerprint {joint.fingerprint}) is not the one the plan was made for "
                 f"({self.fixed.fingerprint}); the model, its input shapes or the codegen changed, so plan again"
             )
-        self.graphs.append(graph_plan)
-        num_fwd_outputs = joint.num_fwd_outputs
         forward, backward = emit(joint, graph_plan.problem, graph_plan.decision.saved)
-        self.timelines.append(simulate(forward, backward, num_fwd_outputs, fuse=self.config.codegen == "inductor"))
-        self._step[self._step_key] = self.timelines[-1]
+        timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=self.config.codegen == "inductor")
+        if self._replanning is not None and part is not None and part.index >= 0:  # replaces its earlier plan
+            self.graphs[part.index], self.timelines[part.index] = graph_plan, timeline
+        else:
+            self.graphs.append(graph_plan)
+            self.timelines.append(timeline)
+            if part is not None:
+                part.index = len(self.graphs) - 1
+        if part is not None and self.config.replan and not part.seen:
+            part.joint = joint.copy()
+        self._step[key] = timeline
         return forward, backward
 
     @property
@@ -213,12 +252,20 @@ class PlannerBackend:
         (saved values and outputs): the graphs of one step run their forwards in the order their
         frames first compiled, then their backwards in reverse, so a later graph runs while
         these are held. A graph compiled again for its frame (new shapes) counts once."""
+        return self._held_before(self._step_key)
+
+    def _held_before(self, key: Any) -> int:
         held = 0
         for part, timeline in self._step.items():
-            if part == self._part:
+            if part == key:
                 break
-            held += self.repeats * timeline.held_after_forward
+            held += self._repeats_of(part) * timeline.held_after_forward
         return held
+
+    def _repeats_of(self, part: Any) -> int:
+        """The runs of ``part`` before its backward: as planned, or as many as a step showed."""
+        planned = self._parts[part].repeats if part in self._parts else self.repeats
+        return max(planned, self.runs.get(part, 0))
 
     @property
     def step(self) -> list[Timeline]:
@@ -229,7 +276,8 @@ class PlannerBackend:
     @property
     def predicted_forward(self) -> tuple[int, int]:
         """Predicted peak of the step's forwards, and the bytes they leave alive for the backward."""
-        return self._step_peak(lambda t: t.forward_peak), self.repeats * sum(t.held_after_forward for t in self.step)
+        held = sum(self._repeats_of(part) * t.held_after_forward for part, t in self._step.items())
+        return self._step_peak(lambda t: t.forward_peak), held
 
     @property
     def predicted_step_peak(self) -> int:
@@ -237,15 +285,22 @@ class PlannerBackend:
         the largest of each graph's simulated peak plus what the graphs before it hold."""
         return self._step_peak(lambda t: t.peak)
 
-    def _step_peak(self, peak_of: Callable[[Timeline], int]) -> int:
+    def _step_peak(self, peak_of: Callable[[Timeline], int], after: Any = None) -> int:
         """The largest ``peak_of`` a graph of the step plus what the graphs before it, and its
-        own other runs, hold."""
+        own other runs, hold (only the graphs after the part ``after``, where given)."""
         held = peak = 0
-        others = self.repeats - 1
-        for timeline in self.step:
-            peak = max(peak, held + others * timeline.held_after_forward + peak_of(timeline))
-            held += self.repeats * timeline.held_after_forward
+        parts = list(self._step)
+        for part in parts[parts.index(after) + 1:] if after is not None else parts:
+            timeline, repeats = self._step[part], self._repeats_of(part)
+            peak = max(peak, held + (repeats - 1) * timeline.held_after_forward + peak_of(timeline))
+            held += repeats * timeline.held_after_forward
         return peak
+
+    def rest_after(self, part: Any) -> int:
+        """Predicted peak of what runs between the forward and the backward of ``part``: the
+        graphs after it in the step (their forwards, then their backwards), beside what ``part``
+        itself holds. Code outside the compiled graphs is not seen."""
+        return self._step_peak(lambda t: t.peak, after=part)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
         compiling = _torch_compat.compiling_frame()
@@ -254,20 +309,63 @@ class PlannerBackend:
         # place in that compile, and a recompile of the frame replaces them place by place
         self._place = self._place + 1 if compiling is not None and compiling == self._compiling else 0
         self._compiling = compiling
+        key = self._step_key
+        self._parts[key] = _Part(gm, repeats=self.repeats)
         compiled = self._compile(gm, example_inputs)
-        return _CountedRuns(compiled, self, self._step_key)
+        return _CountedRuns(compiled, self, key)
 
     def _ran(self, part: Any, waiting: int) -> None:
         """A run of the graph of ``part`` begins its backward while ``waiting`` runs (itself
         included) wait for theirs."""
         if waiting > self.runs.get(part, 0):
             self.runs[part] = waiting
-            if waiting > self.repeats:
+            planned = self._parts[part].repeats if part in self._parts else self.repeats
+            if waiting > planned:
+                then = (f"it is planned again for {waiting} runs when it next runs" if self._replans(part) else
+                        "the saved values of its other runs are outside the memory budget")
                 warnings.warn(
                     f"a planned graph ran its forward {waiting} times before its backward, and was planned for "
-                    f"{self.repeats}: the saved values of its other runs are outside the memory budget. For a model "
-                    f"compiled block by block, compile the blocks with planner.compile_blocks(blocks, ...), which "
-                    f"plans for every block's run", stacklevel=2)
+                    f"{planned}: {then}. For a model compiled block by block, compile the blocks with "
+                    f"planner.compile_blocks(blocks, ...), which plans for every block's run", stacklevel=2)
+
+    def _replans(self, part: Any) -> bool:
+        return self.config.replan and self.fixed is None and part in self._parts
+
+    def _plan_again(self, run: "_CountedRuns", inputs: list) -> None:
+        """Plan ``run``'s part for the step seen (see the class); compile it again if the plan
+        changed. ``inputs``: the arguments of the run about to begin, as example inputs. A
+        compile that fails warns and leaves the first plan running."""
+        key = run.part
+        part = self._parts[key]
+        part.seen = True
+        joint, gm, part.joint, part.gm = part.joint, part.gm, None, None  # kept for this alone
+        if joint is None:
+            return
+        repeats = self._repeats_of(key)
+        old = self.graphs[part.index]
+        rest = self.rest_after(key) if repeats == 1 and _has_rest_of_step(old) else None
+        if (repeats, rest) == (part.repeats, part.rest_bytes):
+            return
+        planned = part.repeats, part.rest_bytes
+        part.repeats, part.rest_bytes = repeats, rest
+        again = solve_graph(joint, self.config, self._held_before(key), repeats, rest)
+        again = replace(again, plan_seconds=old.plan_seconds + again.plan_seconds)
+        if set(again.decision.saved) == set(old.decision.saved):
+            self.graphs[part.index] = again  # the same modules: nothing to compile
+            return
+        self._replanning, part.plan = key, again
+        try:
+            compiled = self._compile(gm, inputs)
+        except Exception as err:  # the first plan keeps running, and the user is told
+            part.repeats, part.rest_bytes = planned
+            warnings.warn(f"planning a graph again for the step seen failed to compile ({type(err).__name__}: "
+                          f"{err}); it keeps the plan made when it first compiled. Set replan=False to skip this",
+                          stacklevel=3)
+            return
+        finally:
+            self._replanning, part.plan = None, None
+        run.compiled = compiled
+        self.replanned.append(key)
 
     @property
     def _part(self) -> tuple[int, int] | None:
@@ -279,14 +377,21 @@ class PlannerBackend:
     def _step_key(self) -> Any:
         """The key of the graph compiling now in ``_step`` and ``runs``: its part, or outside
         torch.compile's frames, its number among the planned graphs."""
+        if self._replanning is not None:
+            return self._replanning
         part = self._part
         return part if part is not None else len(self.timelines)
+
+
+def _has_rest_of_step(graph_plan: GraphPlan) -> bool:
+    return graph_plan.problem.schedule.step_names[:1] == (REST_OF_STEP,)
 
 
 class _CountedRuns:
     """A compiled graph that tells its backend how many of its runs wait for their backward
     when one begins it: each training run leaves a token, alive until its backward starts or
-    its autograd graph is freed unused."""
+    its autograd graph is freed unused. The first run after a backward began, with no run
+    waiting, lets the backend plan the graph again for the step it saw."""
 
     def __init__(self, compiled: Callable, backend: PlannerBackend, part: Any) -> None:
         self.compiled, self.backend, self.part = compiled, backend, part
@@ -294,6 +399,13 @@ class _CountedRuns:
         self._boxed_call = getattr(compiled, "_boxed_call", False)  # dynamo's calling convention
 
     def __call__(self, *args: Any) -> Any:
+        backend = self.backend
+        if not self.waiting and self.part in backend.runs and backend._replans(self.part) \
+                and not backend._parts[self.part].seen:
+            boxed = len(args) == 1 and isinstance(args[0], list)  # a boxed call passes one list
+            inputs = list(args[0]) if boxed else list(args)
+            if not any(isinstance(x, torch.Tensor) and _torch_compat.is_fake(x) for x in inputs):
+                backend._plan_again(self, inputs)
         out = self.compiled(*args)
         # every output's node: the backward may reach the run through any of them (an output
         # the step does not use never gets a gradient); a run on fake tensors is a compile's

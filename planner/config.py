@@ -37,6 +37,10 @@ class PlannerConfig:
         below the reference's peak, runs the exact least-peak search (CP-SAT, up to
         ``time_limit``); ``"exact"``: fractions are of the range from the exact least peak
         too; ``"reference"``: the exact search never runs.
+    replan : plan a compiled graph again once a training step has run, for what the step showed
+        (the times the graph ran before its backward; what the graphs after it needed while its
+        saved values waited), compiling it again where the plan changes
+        (:class:`planner.compiler.PlannerBackend`). ``False`` keeps the plans made at compile time.
     """
 
     memory_budget: float | int | str = 1.0
@@ -48,6 +52,7 @@ class PlannerConfig:
     estimator_options: dict[str, Any] = field(default_factory=dict)
     inductor_options: dict[str, Any] = field(default_factory=dict)
     frugal_search: str = "auto"
+    replan: bool = True
 
     def __post_init__(self) -> None:
         from estimators import available_estimators
@@ -60,6 +65,8 @@ class PlannerConfig:
         _check_choice("frugal_search", self.frugal_search, list(FRUGAL_SEARCHES))
         if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or not self.time_limit > 0:
             raise ConfigError(f"time_limit={self.time_limit!r} is invalid; give a positive number of seconds")
+        if not isinstance(self.replan, bool):
+            raise ConfigError(f"replan={self.replan!r} is invalid; give true or false")
         for name in ("solver_options", "estimator_options", "inductor_options"):
             if not isinstance(getattr(self, name), dict):
                 raise ConfigError(f"{name} must be a table/mapping of keyword arguments, got {getattr(self, name)!r}")

@@ -38,6 +38,14 @@ class JointGraph:
     def graph(self) -> fx.Graph:
         return self.module.graph
 
+    def copy(self) -> "JointGraph":
+        """The same joint graph over a copy of its nodes (same names, metadata shared), which
+        outlives what the compile does to the original once it is partitioned."""
+        graph = fx.Graph()
+        out = graph.graph_copy(self.graph, {})
+        graph.output(out)
+        return JointGraph(fx.GraphModule(self.module, graph), self.num_fwd_outputs, list(self.joint_inputs))
+
     @cached_property
     def output_node(self) -> fx.Node:
         return next(iter(self.graph.find_nodes(op="output")))

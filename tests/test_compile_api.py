@@ -119,6 +119,51 @@ def test_a_graph_that_hands_its_outputs_on_holds_less_at_a_lower_budget():
     assert held[0.0] < held[1.0]
 
 
+def test_a_graph_that_hands_its_outputs_on_is_planned_again_for_the_step_it_saw():
+    # at compile time the rest of the step is assumed as large as the first graph's own least
+    # peak; after one step the second graph's real peak is known, and the first graph is planned
+    # again for it (compiled again where its plan changes), training like eager throughout
+    from planner.schedule import REST_OF_STEP
+
+    torch.manual_seed(0)
+    model, inputs = HandsOn(), (torch.randn(8, 64),)
+    twin = __import__("copy").deepcopy(model)
+    compiled = planner.compile(twin, memory_budget=0.0, codegen="eager", solver="cpsat", time_limit=10)
+    backend = compiled.planner_backend
+    predicted = []
+    for _ in range(3):
+        from tests.training import step
+
+        expected, got = step(model, inputs, model), step(compiled, inputs, twin)
+        torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=0)
+        for name, grad in expected[1].items():
+            torch.testing.assert_close(got[1][name], grad, atol=1e-5, rtol=0, msg=name)
+        predicted.append(backend.predicted_step_peak)
+    first, second = backend.step
+    first_key = next(iter(backend._step))
+    assert backend.rest_after(first_key) == second.peak  # what ran between its forward and backward
+    problem = backend.graphs[0].problem
+    s = problem.schedule
+    own = s.owner == __import__("numpy").arange(len(s.owner))
+    held = int(problem.nbytes[own & s.held.astype(bool)].sum())
+    assert s.step_names[0] == REST_OF_STEP and s.base[0] == held + int(s.fwd_base[-1]) + second.peak
+    # planned for what the step needs, the step's predicted peak is no higher than at compile time
+    assert predicted[1] == predicted[2] <= predicted[0]
+    assert backend._parts[first_key].seen
+
+
+def test_replan_false_keeps_the_plans_made_at_compile_time():
+    torch.manual_seed(0)
+    model, inputs = HandsOn(), (torch.randn(8, 64),)
+    compiled = planner.compile(model, memory_budget=0.0, replan=False, codegen="eager", solver="cpsat", time_limit=10)
+    compiled(*inputs).backward()
+    first = list(compiled.planner_backend.graphs)
+    compiled(*inputs).backward()
+    assert compiled.planner_backend.graphs == first and compiled.planner_backend.replanned == []
+    with pytest.raises(planner.ConfigError, match="replan='yes' is invalid"):
+        planner.PlannerConfig(replan="yes")
+
+
 def test_the_named_backend_reads_its_settings_from_the_environment(tmp_path):
     config = tmp_path / "plan.toml"
     config.write_text('[planner]\nmemory_budget = 1.0\nsolver = "greedy"\ncodegen = "eager"\n')

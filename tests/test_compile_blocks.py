@@ -62,17 +62,43 @@ def test_the_frugal_end_of_a_repeated_block_has_the_least_step_peak():
     assert four_run_plan.peak_bytes == least.plan.peak_bytes <= one_run_plan.peak_bytes
 
 
-def test_a_graph_run_more_often_than_planned_warns_and_says_how_often_it_ran():
+def test_a_graph_run_more_often_than_planned_warns_and_is_planned_again_for_its_runs():
     model, batch = gpt_example(FOUR)
-    backend = planner.backend(memory_budget=1.0, codegen="eager", solver="greedy", time_limit=5)
+    twin = copy.deepcopy(model)
+    backend = planner.backend(memory_budget=0.0, **EXACT)
+    planner.frames.own_forward(twin.blocks)
+    for block in twin.blocks:
+        block.compile(backend=backend)
+    with pytest.warns(UserWarning, match=r"ran its forward 4 times before its backward, and was planned for 1: "
+                                         r"it is planned again for 4 runs"):
+        step(twin, batch, twin)
+    assert list(backend.runs.values()) == [4] and backend.graphs[0].problem.schedule.repeats == 1
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*before its backward")  # counted again, no new warning
+        for _ in range(2):  # the next step runs the graph planned for 4 runs, and trains like eager
+            for p in [*model.parameters(), *twin.parameters()]:
+                p.grad = None
+            expected, got = step(model, batch, model), step(twin, batch, twin)
+            torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=0)
+            for name, grad in expected[1].items():
+                torch.testing.assert_close(got[1][name], grad, atol=1e-5, rtol=0, msg=name)
+    assert list(backend.runs.values()) == [4]
+    (graph,) = backend.graphs
+    assert graph.problem.schedule.repeats == 4
+    timeline = backend.timelines[0]
+    assert backend.predicted_step_peak == timeline.peak + 3 * timeline.held_after_forward
+
+
+def test_without_replan_a_graph_run_more_often_than_planned_says_its_other_runs_are_outside_the_budget():
+    model, batch = gpt_example(FOUR)
+    backend = planner.backend(memory_budget=1.0, replan=False, codegen="eager", solver="greedy", time_limit=5)
     planner.frames.own_forward(model.blocks)
     for block in model.blocks:
         block.compile(backend=backend)
-    with pytest.warns(UserWarning, match=r"ran its forward 4 times before its backward, and was planned for 1"):
+    with pytest.warns(UserWarning, match=r"planned for 1: the saved values of its other runs are outside"):
         model(*batch).backward()
-    assert list(backend.runs.values()) == [4]
-    model(*batch).backward()  # counted again, no new warning for the same count
-    assert list(backend.runs.values()) == [4]
+    model(*batch).backward()
+    assert list(backend.runs.values()) == [4] and backend.graphs[0].problem.schedule.repeats == 1
 
 
 def test_compile_blocks_refuses_what_is_not_a_list_of_blocks():
