@@ -10,7 +10,7 @@ import torch.fx as fx
 from estimators.base import Estimator
 from planner.graph import JointGraph
 from planner.memory import build_schedule, constant_inlined
-from planner.schedule import with_rest_of_step
+from planner.schedule import with_backward_beside, with_rest_of_step
 from planner.ops import aliased_input, first_tensor, is_getitem, is_random, side_effect, storage_bytes
 from planner.problem import Problem
 
@@ -20,7 +20,7 @@ _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, repeats: int = 1,
-                  rest_bytes: int | None = None) -> Problem:
+                  rest_bytes: int | None = None, beside_backward: int = 0) -> Problem:
     """One row per forward-region node: bytes, runtime, what may be done with it, and when
     each value is alive (its :class:`~planner.schedule.Schedule`; ``fuse`` for inductor;
     ``repeats``: times the graph's forward runs before its backward in one step).
@@ -32,6 +32,8 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     ``rest_bytes`` (what a step was seen to need there), or, before a step has been seen, this
     graph's own least peak (the frugal reference's): saving more then costs memory however low
     the graph's own peak is, so a budget orders what it holds for the rest of the step.
+    ``beside_backward`` bytes are alive at every step of its backward besides its own (the
+    gradients that graphs whose backwards ran before it leave, once a step has been seen).
 
     Views and getitems cost nothing to recompute and are never saved (their base is), nor, with
     ``fuse``, is a constant (``iota``, ``full``...) that inductor computes inside every kernel
@@ -84,7 +86,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
         must_save_reason=reasons,
         targets=tuple(str(node.target) for node in nodes),
         fingerprint=joint.fingerprint,
-        schedule=replace(build_schedule(joint, fuse), repeats=repeats),
+        schedule=with_backward_beside(replace(build_schedule(joint, fuse), repeats=repeats), beside_backward),
         save_seconds=save_seconds,
     )
     if repeats == 1 and hands_on(joint):

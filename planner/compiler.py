@@ -50,7 +50,7 @@ class GraphPlan:
 
 
 def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, repeats: int = 1,
-                rest_bytes: int | None = None) -> GraphPlan:
+                rest_bytes: int | None = None, beside_backward: int = 0) -> GraphPlan:
     """Estimate, build the problem, resolve the budget and solve, for one joint graph.
 
     ``held_bytes`` are kept alive while this graph runs by graphs that ran before it in the
@@ -59,7 +59,8 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
     how many times the graph's forward runs before its backward (the blocks of a model compiled
     block by block): the peak the budget bounds, and a fraction's range, count the saved
     values of every run. ``rest_bytes``: what the rest of the step needs between the graph's
-    forward and its backward, where a step has been seen (:func:`planner.build.build_problem`).
+    forward and its backward, and ``beside_backward``: what it keeps alive during that backward,
+    where a step has been seen (:func:`planner.build.build_problem`).
 
     A graph solved before with the same settings reuses that decision (:mod:`planner.decisions`).
     Under ``torch.distributed``, the ranks check that they compiled the same graph and rank 0
@@ -84,12 +85,12 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         received = partial(_fits, problem, "rank 0's decision", "give every rank the same model and settings")
 
         def on_rank0() -> Decision:  # the deciding rank alone hashes the key and looks it up
-            return reuse_or_solve(decision_key(joint, config, held_bytes, repeats, rest_bytes), lambda: solve(problem),
-                                  kept)
+            key = decision_key(joint, config, held_bytes, repeats, rest_bytes, beside_backward)
+            return reuse_or_solve(key, lambda: solve(problem), kept)
 
         return decide_on_rank0(on_rank0, received)
 
-    return _plan_graph(joint, config, decide, repeats, rest_bytes)
+    return _plan_graph(joint, config, decide, repeats, rest_bytes, beside_backward)
 
 
 def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem, held_bytes: int = 0) -> bool:
@@ -148,11 +149,12 @@ def _fits(problem: Problem, what: str, fix: str, decision: Decision) -> Decision
 
 
 def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Problem], Decision],
-                repeats: int = 1, rest_bytes: int | None = None) -> GraphPlan:
+                repeats: int = 1, rest_bytes: int | None = None, beside_backward: int = 0) -> GraphPlan:
     """Estimate and build the problem, then ``decide`` on it; timed as a whole."""
     start = time.perf_counter()
     estimator = get_estimator(config.estimator, **config.estimator_options)
-    problem = build_problem(joint, estimator, fuse=config.codegen == "inductor", repeats=repeats, rest_bytes=rest_bytes)
+    problem = build_problem(joint, estimator, fuse=config.codegen == "inductor", repeats=repeats, rest_bytes=rest_bytes,
+                            beside_backward=beside_backward)
     decision = decide(problem)
     return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator),
                      time.perf_counter() - start, str(estimator))
@@ -168,6 +170,8 @@ class _Part:
     index: int = -1
     repeats: int = 1
     rest_bytes: int | None = None
+    beside_backward: int = 0
+    grad_bytes: int | None = None  # gradients its backward leaves in leaf tensors (parameters), from a real run
     seen: bool = False  # planned again for a step seen (or found right as it was)
     plan: GraphPlan | None = None  # the plan its compile for the step seen uses
 
@@ -223,8 +227,9 @@ class PlannerBackend:
         if part is not None and part.plan is not None and part.plan.fingerprint == joint.fingerprint:
             graph_plan = part.plan  # planned again for the step seen, on this graph's copy
         elif self.fixed is None:
-            repeats, rest = (part.repeats, part.rest_bytes) if part is not None else (self.repeats, None)
-            graph_plan = solve_graph(joint, self.config, self._held_before(key), repeats, rest)
+            repeats, rest, beside = ((part.repeats, part.rest_bytes, part.beside_backward) if part is not None
+                                     else (self.repeats, None, 0))
+            graph_plan = solve_graph(joint, self.config, self._held_before(key), repeats, rest, beside)
         elif joint.fingerprint == self.fixed.fingerprint:
             graph_plan = self.fixed
         else:
@@ -277,30 +282,44 @@ class PlannerBackend:
     def predicted_forward(self) -> tuple[int, int]:
         """Predicted peak of the step's forwards, and the bytes they leave alive for the backward."""
         held = sum(self._repeats_of(part) * t.held_after_forward for part, t in self._step.items())
-        return self._step_peak(lambda t: t.forward_peak), held
+        return self._step_peak(backward=False), held
 
     @property
     def predicted_step_peak(self) -> int:
         """Predicted peak activation memory of the step, over the latest graph of each part:
-        the largest of each graph's simulated peak plus what the graphs before it hold."""
-        return self._step_peak(lambda t: t.peak)
+        the largest of each graph's simulated peak plus what the graphs before it hold, and in
+        its backward, the gradients the graphs after it left (their backwards ran first)."""
+        return self._step_peak()
 
-    def _step_peak(self, peak_of: Callable[[Timeline], int], after: Any = None) -> int:
-        """The largest ``peak_of`` a graph of the step plus what the graphs before it, and its
-        own other runs, hold (only the graphs after the part ``after``, where given)."""
-        held = peak = 0
+    def _step_peak(self, backward: bool = True, after: Any = None) -> int:
+        """The largest peak of a graph of the step (its forward's alone, unless ``backward``)
+        plus what the graphs before it and its own other runs hold, and during its backward the
+        gradients of the graphs after it; only the graphs after the part ``after``, where given."""
         parts = list(self._step)
-        for part in parts[parts.index(after) + 1:] if after is not None else parts:
+        parts = parts[parts.index(after) + 1:] if after is not None else parts
+        grads_after = [sum(self._grad_bytes(q) for q in parts[i + 1:]) for i in range(len(parts))]
+        held = peak = 0
+        for part, later_grads in zip(parts, grads_after):
             timeline, repeats = self._step[part], self._repeats_of(part)
-            peak = max(peak, held + (repeats - 1) * timeline.held_after_forward + peak_of(timeline))
+            own = max(timeline.forward_peak, timeline.backward_peak + later_grads) if backward else timeline.forward_peak
+            peak = max(peak, held + (repeats - 1) * timeline.held_after_forward + own)
             held += repeats * timeline.held_after_forward
         return peak
+
+    def _grad_bytes(self, part: Any) -> int:
+        return (self._parts[part].grad_bytes or 0) if part in self._parts else 0
 
     def rest_after(self, part: Any) -> int:
         """Predicted peak of what runs between the forward and the backward of ``part``: the
         graphs after it in the step (their forwards, then their backwards), beside what ``part``
         itself holds. Code outside the compiled graphs is not seen."""
-        return self._step_peak(lambda t: t.peak, after=part)
+        return self._step_peak(after=part)
+
+    def grads_after(self, part: Any) -> int:
+        """Bytes of the gradients that the graphs after ``part`` leave in leaf tensors (their
+        parameters' ``.grad``), alive while ``part``'s backward runs after theirs."""
+        parts = list(self._step)
+        return sum(self._grad_bytes(q) for q in parts[parts.index(part) + 1:])
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
         compiling = _torch_compat.compiling_frame()
@@ -344,11 +363,12 @@ class PlannerBackend:
         repeats = self._repeats_of(key)
         old = self.graphs[part.index]
         rest = self.rest_after(key) if repeats == 1 and _has_rest_of_step(old) else None
-        if (repeats, rest) == (part.repeats, part.rest_bytes):
+        seen = repeats, rest, self.grads_after(key)
+        planned = part.repeats, part.rest_bytes, part.beside_backward
+        if seen == planned:
             return
-        planned = part.repeats, part.rest_bytes
-        part.repeats, part.rest_bytes = repeats, rest
-        again = solve_graph(joint, self.config, self._held_before(key), repeats, rest)
+        part.repeats, part.rest_bytes, part.beside_backward = seen
+        again = solve_graph(joint, self.config, self._held_before(key), *seen)
         again = replace(again, plan_seconds=old.plan_seconds + again.plan_seconds)
         if set(again.decision.saved) == set(old.decision.saved):
             self.graphs[part.index] = again  # the same modules: nothing to compile
@@ -357,7 +377,7 @@ class PlannerBackend:
         try:
             compiled = self._compile(gm, inputs)
         except Exception as err:  # the first plan keeps running, and the user is told
-            part.repeats, part.rest_bytes = planned
+            part.repeats, part.rest_bytes, part.beside_backward = planned
             warnings.warn(f"planning a graph again for the step seen failed to compile ({type(err).__name__}: "
                           f"{err}); it keeps the plan made when it first compiled. Set replan=False to skip this",
                           stacklevel=3)
@@ -383,6 +403,15 @@ class PlannerBackend:
         return part if part is not None else len(self.timelines)
 
 
+def _leaf_grad_bytes(inputs: list, gm: fx.GraphModule | None) -> int:
+    """Bytes of the gradients a run's backward leaves in leaf tensors that require one (its
+    parameters, as inputs or as attributes of ``gm``): each storage once."""
+    params = list(gm.parameters()) if gm is not None else []
+    leaves = {t.data_ptr(): t for t in [*inputs, *params]
+              if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf}
+    return sum(t.numel() * t.element_size() for t in leaves.values())
+
+
 def _has_rest_of_step(graph_plan: GraphPlan) -> bool:
     return graph_plan.problem.schedule.step_names[:1] == (REST_OF_STEP,)
 
@@ -400,11 +429,13 @@ class _CountedRuns:
 
     def __call__(self, *args: Any) -> Any:
         backend = self.backend
-        if not self.waiting and self.part in backend.runs and backend._replans(self.part) \
-                and not backend._parts[self.part].seen:
-            boxed = len(args) == 1 and isinstance(args[0], list)  # a boxed call passes one list
-            inputs = list(args[0]) if boxed else list(args)
-            if not any(isinstance(x, torch.Tensor) and _torch_compat.is_fake(x) for x in inputs):
+        part = backend._parts.get(self.part)
+        boxed = len(args) == 1 and isinstance(args[0], list)  # a boxed call passes one list
+        inputs = list(args[0]) if boxed else list(args)
+        if part is not None and not any(isinstance(x, torch.Tensor) and _torch_compat.is_fake(x) for x in inputs):
+            if part.grad_bytes is None:
+                part.grad_bytes = _leaf_grad_bytes(inputs, part.gm)
+            if not self.waiting and self.part in backend.runs and backend._replans(self.part) and not part.seen:
                 backend._plan_again(self, inputs)
         out = self.compiled(*args)
         # every output's node: the backward may reach the run through any of them (an output

@@ -4,10 +4,11 @@ A transformer compiled block by block, a model planned again in the same process
 comparing budgets, every run of a training script: each meets graphs it has solved before. A
 decision is kept under a key of everything that decides it: the graph's fingerprint, every
 planner setting, the device the graph runs on (estimators price per device), the torch version,
-the times the graph runs before its backward, what the rest of the step was seen to need, and,
-for an absolute budget, the bytes earlier graphs of the step hold. It is kept in memory for the
-process and in ``<cache dir>/decisions/`` (:func:`planner.cache.default_cache_dir`) for later
-ones; deleting that folder only makes the next run solve again. A reused decision says where
+the times the graph runs before its backward, what the rest of the step was seen to need and
+to keep beside its backward, and, for an absolute budget, the bytes earlier graphs of the step
+hold. It is kept in memory for the process and in ``<cache dir>/decisions/``
+(:func:`planner.cache.default_cache_dir`) for later ones; deleting that folder only makes the
+next run solve again. A reused decision says where
 it came from in ``stats["reused"]`` (``"memory"`` or ``"disk"``).
 """
 from __future__ import annotations
@@ -33,15 +34,18 @@ _kept: dict[str, Decision] = {}
 
 
 def decision_key(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, repeats: int = 1,
-                 rest_bytes: int | None = None) -> str:
+                 rest_bytes: int | None = None, beside_backward: int = 0) -> str:
     """A hash of everything that decides the plan of ``joint`` under ``config``, run ``repeats``
-    times before its backward, with ``rest_bytes`` seen between its forward and its backward."""
+    times before its backward, with ``rest_bytes`` seen between its forward and its backward and
+    ``beside_backward`` alive during that backward."""
     held = held_bytes if config.budget.nbytes is not None else 0  # a fraction is of the graph's own range
     settings = {k: v for k, v in asdict(config).items() if k != "replan"}  # when to plan, not how
     parts = {"graph": joint.fingerprint, "settings": settings, "device": _device_name(joint),
              "torch": torch.__version__, "held_bytes": held, "repeats": repeats}
     if rest_bytes is not None:
         parts["rest_bytes"] = rest_bytes
+    if beside_backward:
+        parts["beside_backward"] = beside_backward
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 

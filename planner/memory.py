@@ -73,6 +73,10 @@ class Timeline:
         return max((b for phase, _, b in self.steps if phase == "forward"), default=0)
 
     @property
+    def backward_peak(self) -> int:
+        return max((b for phase, _, b in self.steps if phase == "backward"), default=0)
+
+    @property
     def peak_step(self) -> tuple[str, str, int] | None:
         return max(self.steps, key=lambda s: s[2], default=None)
 

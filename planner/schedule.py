@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["Schedule", "Profile", "profile", "consumers", "with_rest_of_step"]
+__all__ = ["Schedule", "Profile", "profile", "consumers", "with_rest_of_step", "with_backward_beside"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -241,6 +241,12 @@ def _read_until(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarra
 
 
 REST_OF_STEP = "(rest of the step)"
+
+
+def with_backward_beside(schedule: Schedule, nbytes: int) -> Schedule:
+    """``schedule`` with ``nbytes`` more alive at every backward step: what the step keeps
+    beside this graph's backward (the gradients of graphs whose backwards ran before it)."""
+    return replace(schedule, base=schedule.base + np.int64(nbytes))
 
 
 def with_rest_of_step(schedule: Schedule, entry_bytes: int) -> Schedule:

@@ -57,7 +57,11 @@ def test_an_absolute_budget_bounds_the_steps_peak_across_graph_breaks():
     alone = planner.compile(model, **EAGER)
     alone(*inputs).backward()
     first, second = alone.planner_backend.timelines
-    assert alone.planner_backend.predicted_step_peak == max(first.peak, first.held_after_forward + second.peak)
+    # the second graph's backward runs first and leaves its weights' gradients alive through the first's
+    second_grads = sum(p.numel() * p.element_size() for p in model.second.parameters())
+    assert alone.planner_backend.grads_after(next(iter(alone.planner_backend._step))) == second_grads
+    assert alone.planner_backend.predicted_step_peak == max(first.forward_peak, first.backward_peak + second_grads,
+                                                            first.held_after_forward + second.peak)
     # a budget the second graph fits alone but not on top of what the first holds: it must plan
     # for what the first leaves (between its own most frugal peak and its fastest)
     from solvers.frugal import min_peak_plan
@@ -150,6 +154,9 @@ def test_a_graph_that_hands_its_outputs_on_is_planned_again_for_the_step_it_saw(
     # planned for what the step needs, the step's predicted peak is no higher than at compile time
     assert predicted[1] == predicted[2] <= predicted[0]
     assert backend._parts[first_key].seen
+    # and its backward runs beside the second graph's weight gradients, counted at each of its steps
+    second_grads = sum(p.numel() * p.element_size() for p in twin.second.parameters())
+    assert backend.grads_after(first_key) == backend._parts[first_key].beside_backward == second_grads > 0
 
 
 def test_replan_false_keeps_the_plans_made_at_compile_time():
