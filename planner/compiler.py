@@ -246,7 +246,7 @@ class PlannerBackend:
             self.timelines.append(timeline)
             if part is not None:
                 part.index = len(self.graphs) - 1
-        if part is not None and self.config.replan and not part.seen:
+        if part is not None and self._replans(key) and not part.seen:
             part.joint = joint.copy()
         self._step[key] = timeline
         return forward, backward
@@ -267,10 +267,12 @@ class PlannerBackend:
             held += self._repeats_of(part) * timeline.held_after_forward
         return held
 
+    def _planned_repeats(self, part: Any) -> int:
+        return self._parts[part].repeats if part in self._parts else self.repeats
+
     def _repeats_of(self, part: Any) -> int:
         """The runs of ``part`` before its backward: as planned, or as many as a step showed."""
-        planned = self._parts[part].repeats if part in self._parts else self.repeats
-        return max(planned, self.runs.get(part, 0))
+        return max(self._planned_repeats(part), self.runs.get(part, 0))
 
     @property
     def step(self) -> list[Timeline]:
@@ -296,12 +298,11 @@ class PlannerBackend:
         plus what the graphs before it and its own other runs hold, and during its backward the
         gradients of the graphs after it; only the graphs after the part ``after``, where given."""
         parts = list(self._step)
-        parts = parts[parts.index(after) + 1:] if after is not None else parts
-        grads_after = [sum(self._grad_bytes(q) for q in parts[i + 1:]) for i in range(len(parts))]
         held = peak = 0
-        for part, later_grads in zip(parts, grads_after):
+        for part in parts[parts.index(after) + 1:] if after is not None else parts:
             timeline, repeats = self._step[part], self._repeats_of(part)
-            own = max(timeline.forward_peak, timeline.backward_peak + later_grads) if backward else timeline.forward_peak
+            own = (max(timeline.forward_peak, timeline.backward_peak + self.grads_after(part)) if backward
+                   else timeline.forward_peak)
             peak = max(peak, held + (repeats - 1) * timeline.held_after_forward + own)
             held += repeats * timeline.held_after_forward
         return peak
@@ -338,7 +339,7 @@ class PlannerBackend:
         included) wait for theirs."""
         if waiting > self.runs.get(part, 0):
             self.runs[part] = waiting
-            planned = self._parts[part].repeats if part in self._parts else self.repeats
+            planned = self._planned_repeats(part)
             if waiting > planned:
                 then = (f"it is planned again for {waiting} runs when it next runs" if self._replans(part) else
                         "the saved values of its other runs are outside the memory budget")
@@ -430,13 +431,16 @@ class _CountedRuns:
     def __call__(self, *args: Any) -> Any:
         backend = self.backend
         part = backend._parts.get(self.part)
-        boxed = len(args) == 1 and isinstance(args[0], list)  # a boxed call passes one list
-        inputs = list(args[0]) if boxed else list(args)
-        if part is not None and not any(isinstance(x, torch.Tensor) and _torch_compat.is_fake(x) for x in inputs):
-            if part.grad_bytes is None:
-                part.grad_bytes = _leaf_grad_bytes(inputs, part.gm)
-            if not self.waiting and self.part in backend.runs and backend._replans(self.part) and not part.seen:
-                backend._plan_again(self, inputs)
+        replan = (part is not None and not part.seen and not self.waiting and self.part in backend.runs
+                  and backend._replans(self.part))
+        if part is not None and (part.grad_bytes is None or replan):  # until measured and planned again
+            boxed = len(args) == 1 and isinstance(args[0], list)  # a boxed call passes one list
+            inputs = list(args[0]) if boxed else list(args)
+            if not any(isinstance(x, torch.Tensor) and _torch_compat.is_fake(x) for x in inputs):
+                if part.grad_bytes is None:
+                    part.grad_bytes = _leaf_grad_bytes(inputs, part.gm)
+                if replan:
+                    backend._plan_again(self, inputs)
         out = self.compiled(*args)
         # every output's node: the backward may reach the run through any of them (an output
         # the step does not use never gets a gradient); a run on fake tensors is a compile's
