@@ -6,12 +6,14 @@ innermost Python frames that allocated them; then the simulated peak step. For f
 the memory model misses.
 
     python -m bench.gpu_trace --model resnet --budget 1.0
+    python -m bench.gpu_trace --model qwen2 --budget 0 --codegen eager   (a zoo model, pip install .[zoo])
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import linecache
+from collections import Counter
 
 import torch
 
@@ -22,7 +24,8 @@ from bench.gpu_step import WARM_UP_STEPS
 MIB = 2**20
 
 
-def trace_step(run, params, batch) -> list[dict]:
+def trace_step(run, params, batch) -> tuple[list[dict], int]:
+    """The allocator's events of one step after warm-up, and how many of them the forward made."""
     for _ in range(WARM_UP_STEPS):  # compiles, then plans again for the step seen
         for p in params:
             p.grad = None
@@ -31,25 +34,45 @@ def trace_step(run, params, batch) -> list[dict]:
         p.grad = None
     torch.cuda.synchronize()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000)
-    run(*batch).backward()
+    loss = run(*batch)
+    torch.cuda.synchronize()
+    forward = sum(len(trace) for trace in torch.cuda.memory._snapshot()["device_traces"])
+    loss.backward()
     torch.cuda.synchronize()
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    return [e for trace in snapshot["device_traces"] for e in trace]
+    return [e for trace in snapshot["device_traces"] for e in trace], forward
 
 
-def alive_at_peak(events: list[dict]) -> tuple[int, list[dict]]:
-    """The traced peak and the blocks alive there, in allocation order (the last one set the peak)."""
-    alive, total, peak, at_peak = {}, 0, 0, []
-    for e in events:
+def _model(name: str):
+    if name in MODELS:
+        return MODELS[name]()
+    from bench.zoo_models import build
+
+    return build(name, "bench", device="cuda", dtype=torch.bfloat16)
+
+
+def _model_names() -> list[str]:
+    try:
+        from bench.zoo_models import MODELS as ZOO
+    except ImportError:
+        ZOO = {}
+    return sorted(MODELS) + sorted(ZOO)
+
+
+def alive_at_peak(events: list[dict]) -> tuple[int, list[dict], int]:
+    """The traced peak, the blocks alive there in allocation order (the last one set the peak),
+    and the index of the event that reached it."""
+    alive, total, peak, at_peak, where_k = {}, 0, 0, [], 0
+    for k, e in enumerate(events):
         if e["action"] == "alloc":
             alive[e["addr"]] = e
             total += e["size"]
         elif e["action"] == "free_completed" and e["addr"] in alive:
             total -= alive.pop(e["addr"])["size"]
         if total > peak:
-            peak, at_peak = total, list(alive.values())
-    return peak, at_peak
+            peak, at_peak, where_k = total, list(alive.values()), k
+    return peak, at_peak, where_k
 
 
 def _own_frames(event: dict) -> list[dict]:
@@ -70,30 +93,37 @@ def source(event: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=sorted(MODELS), default="gpt")
+    parser.add_argument("--model", choices=_model_names(), default="gpt")
     parser.add_argument("--budget", type=float, default=1.0)
     parser.add_argument("--solver", default="cpsat")
+    parser.add_argument("--codegen", choices=["inductor", "eager"], default="inductor")
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
-    base, batch = MODELS[args.model]()
+    base, batch = _model(args.model)
     model = copy.deepcopy(base)
-    backend = planner.backend(planner.PlannerConfig(codegen="inductor", memory_budget=args.budget, solver=args.solver,
+    backend = planner.backend(planner.PlannerConfig(codegen=args.codegen, memory_budget=args.budget, solver=args.solver,
                                                     time_limit=args.time_limit))
-    events = trace_step(torch.compile(model, backend=backend), list(model.parameters()), batch)
-    peak, blocks = alive_at_peak(events)
-    print(f"traced peak of blocks allocated in the step: {peak / MIB:.1f} MiB; simulated: "
-          f"{backend.timelines[0].peak / MIB:.1f} MiB at {backend.timelines[0].peak_step}")
-    forward = [s for s in backend.timelines[0].steps if s[0] == "forward"]
-    if forward:
-        top = max(forward, key=lambda s: s[2])
-        print(f"simulated forward peak: {top[2] / MIB:.1f} MiB at {top[1]}")
-        for phase, name, nbytes in forward[: args.top]:
-            print(f"    {phase} {name:40s} {nbytes / MIB:9.1f} MiB")
+    events, forward_events = trace_step(torch.compile(planner.own_frame(model), backend=backend),
+                                        list(model.parameters()), batch)
+    peak, blocks, k = alive_at_peak(events)
+    phase = "forward" if k < forward_events else "backward"
+    print(f"traced peak of blocks allocated in the step: {peak / MIB:.1f} MiB, in the {phase} "
+          f"(event {k} of {len(events)}; the forward made {forward_events}); predicted step peak "
+          f"{backend.predicted_step_peak / MIB:.1f} MiB")
+    for i, timeline in enumerate(backend.timelines):
+        print(f"graph {i}: simulated peak {timeline.peak / MIB:.1f} MiB at {timeline.peak_step}")
+        for phase, name, nbytes in timeline.at_peak[: args.top]:
+            print(f"    {phase:8s} {name:48s} {nbytes / MIB:9.1f} MiB")
     if blocks:
         print(f"set by {blocks[-1]['size'] / MIB:.1f} MiB at {where(blocks[-1])}: {source(blocks[-1])}")
     for e in sorted(blocks, key=lambda e: -e["size"])[: args.top]:
         print(f"{e['size'] / MIB:9.1f} MiB  {where(e)}  | {source(e)}")
+    simulated = Counter(nbytes for timeline in backend.timelines for _, _, nbytes in timeline.at_peak)
+    traced = Counter(e["size"] for e in blocks)
+    print("blocks by size at the peak, traced against simulated (allocator sizes are rounded up):")
+    for size in sorted(set(simulated) | set(traced), reverse=True)[: args.top]:
+        print(f"{size / MIB:12.3f} MiB  traced {traced[size]:4d}  simulated {simulated[size]:4d}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ __all__ = ["MODELS", "build", "library_checkpointing"]
 
 
 class _CausalLM(nn.Module):
-    """A transformers language model as ``(input_ids, labels) -> loss``."""
+    """A transformers model with a language-model head as ``(input_ids, labels) -> loss``."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -62,14 +62,24 @@ def _gpt2(size: str):
     return _CausalLM(GPT2LMHeadModel(cfg)), _tokens(batch, seq, vocab)
 
 
-def _llama(size: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _decoder(size: str, family: str, bench: tuple) -> tuple:
+    """A Llama-style transformers decoder (``LlamaForCausalLM``, ``Qwen2ForCausalLM``...) of
+    ``bench = (layers, d, heads, kv heads, ffn, seq, batch, vocab)`` or the tiny size."""
+    import transformers
 
-    layers, d, heads, kv, ffn, seq, batch, vocab = ((6, 1024, 16, 8, 2816, 2048, 4, 8192) if size == "bench"
-                                                    else (2, 64, 4, 2, 128, 32, 2, 128))
-    cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
-                      intermediate_size=ffn, max_position_embeddings=seq, vocab_size=vocab)
-    return _CausalLM(LlamaForCausalLM(cfg)), _tokens(batch, seq, vocab)
+    layers, d, heads, kv, ffn, seq, batch, vocab = bench if size == "bench" else (2, 64, 4, 2, 128, 32, 2, 128)
+    cfg = getattr(transformers, f"{family}Config")(
+        num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+        intermediate_size=ffn, max_position_embeddings=seq, vocab_size=vocab)
+    return _CausalLM(getattr(transformers, f"{family}ForCausalLM")(cfg)), _tokens(batch, seq, vocab)
+
+
+def _llama(size: str):
+    return _decoder(size, "Llama", (6, 1024, 16, 8, 2816, 2048, 4, 8192))
+
+
+def _qwen2(size: str):
+    return _decoder(size, "Qwen2", (6, 896, 14, 2, 4864, 1024, 8, 8192))
 
 
 def _gpt2_breaks(size: str):
@@ -89,6 +99,17 @@ def _bert(size: str):
                      max_position_embeddings=seq, vocab_size=vocab, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.0)
     return _CausalLM(BertForMaskedLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _t5(size: str):
+    """An encoder-decoder with dropout: the recomputed dropout masks must repeat the forward's."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    layers, d, d_kv, ffn, heads, seq, batch, vocab = ((6, 512, 64, 2048, 8, 512, 16, 8192) if size == "bench"
+                                                      else (2, 64, 16, 128, 4, 32, 2, 128))
+    cfg = T5Config(num_layers=layers, d_model=d, d_kv=d_kv, d_ff=ffn, num_heads=heads, vocab_size=vocab,
+                   dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0)
+    return _CausalLM(T5ForConditionalGeneration(cfg)), _tokens(batch, seq, vocab)
 
 
 def _timm(arch: str, bench_batch: int, tiny: dict):
@@ -113,6 +134,15 @@ MODELS: dict[str, ZooModel] = {
                                                        "num_heads": 4}),
                     "timm", "vit_base_patch16_224, batch 64"),
     "resnet50": ZooModel(_timm("resnet50", 128, {"layers": [1, 1, 1, 1]}), "timm", "resnet50, batch 128"),
+    # added after the planner's defaults were set, to see them on models nothing was tuned on
+    "qwen2": ZooModel(_qwen2, "transformers",
+                      "Qwen2ForCausalLM, 6 layers, d 896, 14 heads / 2 kv, ffn 4864, seq 1024, batch 8, vocab 8192"),
+    "t5": ZooModel(_t5, "transformers",
+                   "T5ForConditionalGeneration, 6+6 layers, d 512, ffn 2048, seq 512, batch 16, vocab 8192, dropout 0.1"),
+    "convnext": ZooModel(_timm("convnext_tiny", 64, {"depths": (1, 1, 1, 1), "dims": (16, 32, 48, 64)}),
+                         "timm", "convnext_tiny, batch 64"),
+    "efficientnet": ZooModel(_timm("efficientnet_b0", 128, {"drop_path_rate": 0.1}), "timm",
+                             "efficientnet_b0, batch 128, drop path 0.1"),
 }
 
 

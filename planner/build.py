@@ -39,7 +39,8 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     ``fuse``, is a constant (``iota``, ``full``...) that inductor computes inside every kernel
     reading it: saving it would only add loads to those kernels (and can make inductor store a
     large intermediate they share, see :mod:`planner.memory`). Random ops
-    are recomputable by replaying their saved RNG state; side-effecting ops (mutations,
+    are recomputable by replaying their saved RNG state (where the replay can tell their device);
+    side-effecting ops (mutations,
     collectives, opaque calls) and symbolic sizes are never recomputed.
     """
     nodes = joint.forward_nodes
@@ -132,7 +133,16 @@ def _never_recompute(node: fx.Node, val: object, mutated: frozenset[fx.Node]) ->
         return "tagged must_be_in_forward by AOTAutograd"
     if is_random(node) and _device(val) not in ("cpu", "cuda"):
         return f"random op on {_device(val)}, whose RNG state cannot be replayed"
+    if is_random(node) and not _replay_finds_device(node):
+        return "random op naming its device by position, whose RNG state torch cannot replay"
     return None
+
+
+def _replay_finds_device(node: fx.Node) -> bool:
+    """Whether torch's RNG-state replay can tell a random op's device: from a ``device`` keyword or a
+    tensor argument (inductor's per-step seeds, ``prims.inductor_seeds(count, device)``, have neither)."""
+    return node.kwargs.get("device") is not None or any(
+        isinstance(a.meta.get("val"), torch.Tensor) for a in node.all_input_nodes)
 
 
 def _device(val: object) -> str | None:

@@ -9,7 +9,8 @@ Both follow the same rules, read from node metadata:
 * forward outputs the caller keeps, and the gradients the backward returns, live to the end;
 * with ``fuse=True`` (inductor), a pointwise value (a cast, a constant such as ``iota`` or
   ``full``) read only by pointwise ops, reductions and indexing ops (:func:`fuses_producers`)
-  is computed inside their kernel and never stored,
+  is computed inside their kernel and never stored (so is a reduction read by one pointwise op,
+  :func:`epilogue_reduction`),
   unless several kernels read it and it reads more than ``REALIZE_READS`` stored inputs
   (inductor then stores it rather than recompute it in each reader: its
   ``realize_reads_threshold``); a fused value's inputs are read when the
@@ -36,7 +37,7 @@ the torch-free :class:`~planner.schedule.Schedule` the solvers plan with.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -53,10 +54,13 @@ __all__ = ["Timeline", "simulate", "build_schedule", "storage_root", "layout_cop
 class Timeline:
     """Bytes alive after each node of the step runs, in execution order.
 
-    ``steps[k]`` is ``(phase, node name, bytes)`` with phase ``"forward"`` or ``"backward"``.
+    ``steps[k]`` is ``(phase, node name, bytes)`` with phase ``"forward"`` or ``"backward"``;
+    ``at_peak`` lists the storages alive at the (first) peak step as ``(phase, node name, bytes)``,
+    for finding what the simulation counts there (``bench/gpu_trace.py``).
     """
 
     steps: tuple[tuple[str, str, int], ...]
+    at_peak: tuple[tuple[str, str, int], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def peak(self) -> int:
@@ -120,8 +124,13 @@ REALIZE_READS = 4
 
 
 def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
-    """Index in ``order`` of the kernel that computes each node: its own, or for a value fused
-    into its readers, the last of theirs (that is when its inputs are really read)."""
+    """Index in ``order`` of the last kernel that computes each node, when its inputs are really
+    read: its own, or for a value fused into its readers, the last of theirs.
+
+    A stored pointwise value is also computed inside the kernels of the readers inductor lowers
+    before it is stored: it stores the value when a reader that cannot fuse it (a matrix product)
+    asks for it, and readers lowered earlier (in graph order) already inlined its expression.
+    """
     where = {node: k for k, node in enumerate(order)}
     steps: dict[fx.Node, int] = {}
     for node in reversed(order):
@@ -129,19 +138,45 @@ def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
         val = node.meta.get("val")
         if fuse and isinstance(val, torch.Tensor) and _shared_input(node) is None:
             reading = readers(node)
-            if reading and all(r in steps for r in reading) and _inlined(node, reading):
+            if not reading or not all(r in steps for r in reading):
+                continue
+            if _inlined(node, reading):
                 steps[node] = max(steps[r] for r in reading)
+            elif fusible(node) and len(_leaf_reads(node, depth=8)) <= REALIZE_READS:
+                before = []
+                for r in sorted(reading, key=where.__getitem__):
+                    if not fuses_producers(r):
+                        break
+                    before.append(steps[r])
+                steps[node] = max([steps[node], *before])
     return steps
 
 
 def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
-    """Inductor computes ``node`` inside the kernels that read it (see the module docstring), or
-    a matrix product inside the ``addmm`` its one reader becomes (:func:`accumulated_product`)."""
-    if accumulated_product(node, reading):
+    """Inductor computes ``node`` inside the kernels that read it (see the module docstring), a
+    matrix product inside the ``addmm`` its one reader becomes (:func:`accumulated_product`), or
+    a reduction inside its one pointwise reader's kernel (:func:`epilogue_reduction`)."""
+    if accumulated_product(node, reading) or epilogue_reduction(node, reading):
         return True
     if not (fusible(node) and reading and all(fuses_producers(r) for r in reading)):
         return False
     return len(reading) == 1 or len(_leaf_reads(node, depth=8)) <= REALIZE_READS
+
+
+def epilogue_reduction(node: fx.Node, reading: list[fx.Node]) -> bool:
+    """``node`` is a reduction that inductor computes inside the kernel of its one reader, a
+    pointwise op (the reduction's epilogue), wherever that kernel runs.
+
+    Inductor fuses a reduction with its pointwise consumer however far apart the two are in the
+    graph (its scheduler has no distance limit), so the reduction's inputs are read, and stay
+    alive, until the consumer runs. T5's relative position bias, shared by every layer, gets one
+    batch-summed gradient per layer; the pointwise sum of those gradients runs after the last
+    layer's backward, and inductor fuses every layer's batch sum into it: each layer's
+    softmax-backward inputs (128 MiB fp32 scores at batch 16, seq 512) stayed alive to the end of
+    the backward, 1.7 GiB over the memory model at budget 0 on an H100.
+    """
+    return (torch.Tag.reduction in _tags(node) and isinstance(node.meta.get("val"), torch.Tensor)
+            and len(reading) == 1 and fusible(reading[0]))
 
 
 def accumulated_product(node: fx.Node, reading: list[fx.Node]) -> bool:
@@ -285,7 +320,9 @@ def simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs:
     inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
     carried = dict(zip(inputs, saved_keys))
     walk.run(backward, "backward", keep=_outputs(backward), carried=carried, held=held)
-    return Timeline(tuple(walk.steps))
+    at_peak = tuple(sorted(((key[0], "/".join(map(str, key[1:])), walk.size[key]) for key in walk.peak_live),
+                           key=lambda item: -item[2]))
+    return Timeline(tuple(walk.steps), at_peak)
 
 
 def _outputs(gm: fx.GraphModule) -> list:
@@ -304,6 +341,8 @@ class _Walk:
         self.steps: list[tuple[str, str, int]] = []
         self.copies: dict[fx.Node, int] = {}
         self.paths: dict[fx.Node, dict[tuple, object]] = {}  # tuple-valued nodes: index path -> storage
+        self.peak_live: frozenset = frozenset()
+        self.peak = -1
 
     def run(self, gm: fx.GraphModule, phase: str, keep: list, carried: dict | None = None, held: set = frozenset()):
         carried = carried or {}
@@ -326,6 +365,8 @@ class _Walk:
             self.live.update(made[node])
             if node.op == "call_function":
                 self.steps.append((phase, node.name, sum(self.size[key] for key in self.live)))
+                if self.steps[-1][2] > self.peak:
+                    self.peak, self.peak_live = self.steps[-1][2], frozenset(self.live)
             self.live -= {key for key in self.live if key not in kept and last.get(key, -1) <= k}
         self.keys.update(keys)
 

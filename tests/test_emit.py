@@ -56,6 +56,41 @@ def test_recomputed_dropout_replays_its_rng_state():
     assert sum(n.target is _torch_compat.run_with_rng_state() for n in calls(bw)) == replayed
 
 
+class _Noise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = torch.nn.functional.dropout(torch.tanh(self.a(x)) * torch.rand(32, 64), 0.2)
+        return torch.tanh(self.b(h)).sum()
+
+
+def test_random_ops_are_replayed_only_where_torch_can_tell_their_device():
+    # Inductor draws a step's random numbers from seeds made by prims.inductor_seeds(count, device),
+    # which names its device by position: torch's replay of an RNG state cannot tell it (inductor
+    # fails compiling such a plan), so the seeds are saved, never recomputed.
+    compiled = planner.compile(_Noise(), memory_budget=0.0, time_limit=5)
+    compiled(torch.randn(32, 64)).backward()
+    (graph,) = compiled.planner_backend.graphs
+    problem = graph.problem
+    random = {problem.names[i]: i for i in problem.random.nonzero()[0]}
+    seeds = random.pop("inductor_seeds_default")
+    assert not problem.recomputable[seeds]
+    assert "naming its device by position" in problem.must_save_reason[seeds]
+    # torch.rand (device keyword) and dropout (reads a tensor) stay replayable, and replayed they
+    # train like eager
+    from planner.bounds import min_memory_plan
+    from tests.training import assert_same_step
+
+    joint = planner.capture(_Noise(), (torch.randn(32, 64),))
+    problem = build_problem(joint, get_estimator("flops"))
+    plan = min_memory_plan(problem)
+    assert problem.recomputable[problem.random].all() and int((plan.recomputed & problem.random).sum()) == 2
+    assert_same_step(lambda: (_Noise(), (torch.randn(32, 64),)),
+                     lambda m, x: planner.compile(m, memory_budget=0.0, codegen="eager", time_limit=5))
+
+
 def test_nothing_is_recomputed_at_budget_one():
     problem, decision, _, fw, bw = emitted("gpt", 1.0)
     assert not any(n.meta.get("recomputed") and problem.runtime[problem.index([n.name])[0]] > 0

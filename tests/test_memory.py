@@ -244,3 +244,32 @@ def test_inductor_computes_a_product_added_later_where_the_add_is():
 
     _, (code, *_) = run_and_get_code(torch.compile(_accumulate, backend="inductor"), x, w, v)
     assert code.count("extern_kernels.addmm(") == 1 and code.count("extern_kernels.mm(") == 1, code
+
+
+def _late_sum(x, y):
+    s = torch.sin(x).sum(0)                 # a reduction whose one reader is the add at the end
+    t = torch.mm(y, y.t()).relu().sum(0)    # a product in between
+    return s + t
+
+
+def test_inductor_computes_a_reduction_in_its_pointwise_readers_kernel():
+    """A reduction read by one pointwise op is computed in that op's kernel, however late (T5's
+    per-layer position-bias gradients, summed after the last layer): its inputs live until then,
+    and it stores nothing of its own."""
+    from planner.memory import kernel_steps, readers, stored_bytes
+
+    x, y = torch.randn(64, 64), torch.randn(64, 32)
+    gm = _traced(_late_sum, x, y)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    sin = next(n for n in nodes if n.target is aten.sin.default)
+    (reduction,) = sin.users
+    add = next(n for n in nodes if n.target is aten.add.Tensor)
+    assert stored_bytes(reduction, readers(reduction), fuse=True) == 0
+    assert kernel_steps(nodes, fuse=True)[reduction] == kernel_steps(nodes, fuse=True)[sin] == nodes.index(add)
+
+    # what the rule follows: inductor's generated code computes the sine after the product
+    from torch._inductor.utils import run_and_get_code
+
+    _, (code, *_) = run_and_get_code(torch.compile(_late_sum, backend="inductor"), x, y)
+    calls = [line for line in code[code.index("def call("):].splitlines() if "extern_kernels.mm(" in line or "sin" in line]
+    assert "extern_kernels.mm(" in calls[0] and "sin" in calls[-1], code
