@@ -53,10 +53,8 @@ def _model(name: str):
 
 
 def _model_names() -> list[str]:
-    try:
-        from bench.zoo_models import MODELS as ZOO
-    except ImportError:
-        ZOO = {}
+    from bench.zoo_models import MODELS as ZOO  # imports transformers and timm only when built
+
     return sorted(MODELS) + sorted(ZOO)
 
 

@@ -38,6 +38,7 @@ the torch-free :class:`~planner.schedule.Schedule` the solvers plan with.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 import numpy as np
 import torch
@@ -142,13 +143,10 @@ def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
                 continue
             if _inlined(node, reading):
                 steps[node] = max(steps[r] for r in reading)
-            elif fusible(node) and len(_leaf_reads(node, depth=8)) <= REALIZE_READS:
-                before = []
-                for r in sorted(reading, key=where.__getitem__):
-                    if not fuses_producers(r):
-                        break
-                    before.append(steps[r])
-                steps[node] = max([steps[node], *before])
+            elif (fusible(node) and not all(fuses_producers(r) for r in reading)
+                  and len(_leaf_reads(node, depth=8)) <= REALIZE_READS):
+                lowered_first = takewhile(fuses_producers, sorted(reading, key=where.__getitem__))
+                steps[node] = max([steps[node], *(steps[r] for r in lowered_first)])
     return steps
 
 
@@ -364,9 +362,10 @@ class _Walk:
                 self.live -= self._reused(made[node][0], k, last, kept)
             self.live.update(made[node])
             if node.op == "call_function":
-                self.steps.append((phase, node.name, sum(self.size[key] for key in self.live)))
-                if self.steps[-1][2] > self.peak:
-                    self.peak, self.peak_live = self.steps[-1][2], frozenset(self.live)
+                alive = sum(self.size[key] for key in self.live)
+                self.steps.append((phase, node.name, alive))
+                if alive > self.peak:
+                    self.peak, self.peak_live = alive, frozenset(self.live)
             self.live -= {key for key in self.live if key not in kept and last.get(key, -1) <= k}
         self.keys.update(keys)
 
