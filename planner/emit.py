@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from planner import _torch_compat
 from planner.graph import JointGraph
-from planner.ops import first_tensor, is_getitem, is_random
+from planner.ops import aliased_input, first_tensor, is_getitem, is_random
 from planner.problem import Problem, evaluate_names
 
 __all__ = ["emit"]
@@ -86,7 +86,7 @@ def _insert_recomputation(joint: JointGraph, recomputed: set[fx.Node], replays: 
     copies: dict[fx.Node, fx.Node] = {}
 
     def copy_of(node: fx.Node, before: fx.Node) -> fx.Node:
-        if node not in recomputed:
+        if node not in recomputed or _view_of_kept(node, recomputed):
             return node
         if node not in copies:
             replay = replays.get(node)
@@ -112,11 +112,28 @@ def _insert_recomputation(joint: JointGraph, recomputed: set[fx.Node], replays: 
         user.kwargs = fx.map_arg(user.kwargs, lambda a: copy_of(a, user))
 
 
+def _view_of_kept(node: fx.Node, recomputed: set[fx.Node]) -> bool:
+    """A view (``view``, ``permute``, ``t``...) of a saved value or an input: the backward reads the
+    forward's view, handed over in the saved value's storage, instead of making the view again.
+    Inductor then lays the view out as its forward readers had it; rebuilt in the backward from a
+    base it laid out channels-last, the view fed matrix products and convolution backwards through
+    copies (ConvNeXt)."""
+    if node.op != "call_function" or not isinstance(node.meta.get("val"), torch.Tensor):
+        return False  # multi-output views (``unbind``, ``split``) are made again from their base
+    root = node
+    while (base := aliased_input(root)) is not None:
+        root = base
+    return root is not node and root not in recomputed
+
+
 def _saved_values(joint: JointGraph, kept: list[fx.Node], rng_states: list[fx.Node]) -> tuple[list, list]:
-    """Tensors and sizes the forward hands to the backward: saved nodes, RNG states, and primals."""
+    """Tensors and sizes the forward hands to the backward: saved nodes (or the views of them the
+    backward reads), RNG states, and primals."""
     backward = [n for n in joint.graph.nodes if n.meta.get("recomputed") or n in joint.backward_nodes]
     read = {inp for n in backward for inp in n.all_input_nodes}
+    views = [n for n in joint.forward_nodes if n in read and n not in kept and aliased_input(n) is not None
+             and isinstance(n.meta.get("val"), torch.Tensor)]
     values, syms = [], []
-    for node in [*[p for p in joint.primals if p in read], *kept, *rng_states]:
+    for node in [*[p for p in joint.primals if p in read], *[k for k in kept if k in read], *views, *rng_states]:
         (values if isinstance(node.meta.get("val"), torch.Tensor) else syms).append(node)
     return values, syms
