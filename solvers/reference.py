@@ -9,6 +9,9 @@ end, with no clock in it, so the same graph gives the same bytes on every run an
   (:func:`solvers.blocks.boundary_saves`, per-layer checkpointing and sparser), when the
   problem repeats a block: on deep models these are near the least peak and the search from
   them takes a few moves;
+- from the segment plans that save only what crosses a few narrow cuts of the forward
+  (:func:`solvers.segments.segment_saves`), the best of them: these need no repeated blocks, so
+  an encoder-decoder, or a CNN whose stages differ, starts from per-stage checkpointing too;
 - from the runtime-optimal plan, unless the blocks cover half the graph.
 
 The least peak itself, proven where it can be, is the exact search of :mod:`solvers.frugal`,
@@ -26,6 +29,7 @@ from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate
 from solvers.blocks import boundary_saves, find_blocks
 from solvers.peak_search import lower_peak
+from solvers.segments import segment_saves
 
 __all__ = ["reference_plan", "memory_key", "starting_plans", "starts_from_fastest"]
 
@@ -50,16 +54,26 @@ _FOUND: dict[str, np.ndarray] = {}
 
 def starting_plans(problem: Problem) -> list[Evaluation]:
     """The least-saved-bytes plan; the boundary plans of any run of at least 3 alike blocks
-    covering a quarter of the nodes (with what the least-saved-bytes plan must save besides);
-    and the runtime-optimal plan unless :func:`starts_from_fastest` says the blocks suffice."""
+    covering a quarter of the nodes; the segment plan of least peak (each with what the
+    least-saved-bytes plan must save besides); and the runtime-optimal plan unless
+    :func:`starts_from_fastest` says the blocks suffice."""
     least_bytes = min_memory_plan(problem)
     plans = [runtime_optimal_plan(problem), least_bytes] if starts_from_fastest(problem) else [least_bytes]
     blocks = find_blocks(problem, min_count=3, min_cover=0.25)
-    if blocks is None:
-        return plans
-    for saved in boundary_saves(problem, blocks):
+    if blocks is not None:
+        plans += _feasible(problem, boundary_saves(problem, blocks), least_bytes.saved)
+    segments = _feasible(problem, segment_saves(problem), least_bytes.saved)
+    if segments:
+        plans.append(min(segments, key=lambda p: (p.peak_bytes, p.seconds)))
+    return plans
+
+
+def _feasible(problem: Problem, saves: list[np.ndarray], also: np.ndarray) -> list[Evaluation]:
+    """The plans saving each of ``saves`` and ``also``, where the backward can recompute the rest."""
+    plans = []
+    for saved in saves:
         try:
-            plans.append(evaluate(problem, saved | least_bytes.saved))
+            plans.append(evaluate(problem, saved | also))
         except InfeasibleDecision:
             continue
     return plans
