@@ -23,7 +23,7 @@ from estimators.timing import run_times
 from planner import _torch_compat
 from planner.errors import ConfigError
 from planner.memory import fusible, readers, stored_bytes
-from planner.ops import aliased_input, device_name, first_tensor, is_getitem, storage_bytes
+from planner.ops import aliased_input, device_name, first_tensor, is_getitem, storage_bytes, view_base
 
 __all__ = ["RooflineEstimator", "Rates", "DATASHEET", "device_rates", "measure_rates", "datasheet_rates"]
 
@@ -100,7 +100,7 @@ class RooflineEstimator(Estimator):
         if not (self.fuse and fusible(node)) or not all(fusible(r) for r in readers(node)):
             return self.runtime(node)
         shared = frozenset(inp for inp in node.all_input_nodes
-                           if any(r not in forward and fusible(r) for r in readers(_root(inp))))
+                           if any(r not in forward and fusible(r) for r in readers(view_base(inp))))
         return self._seconds(node, shared)
 
     def save_seconds(self, node: fx.Node, forward: Container[fx.Node]) -> float:
@@ -141,18 +141,12 @@ class RooflineEstimator(Estimator):
         for inp in node.all_input_nodes:
             if inp in shared:
                 continue
-            root = _root(inp)
+            root = view_base(inp)
             if self.fuse and isinstance(root.meta.get("val"), torch.Tensor) and root.op == "call_function" \
                     and stored_bytes(root, readers(root), True) == 0:
                 continue  # inlined: its own inputs are what the kernel reads
             read += _nbytes(inp)
         return written + read
-
-
-def _root(node: fx.Node) -> fx.Node:
-    while aliased_input(node) is not None:
-        node = aliased_input(node)
-    return node
 
 
 def _nbytes(node: fx.Node) -> int:

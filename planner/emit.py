@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from planner import _torch_compat
 from planner.graph import JointGraph
-from planner.ops import aliased_input, first_tensor, is_getitem, is_random
+from planner.ops import aliased_input, first_tensor, is_getitem, is_random, view_base
 from planner.problem import Problem, evaluate_names
 
 __all__ = ["emit"]
@@ -120,9 +120,7 @@ def _view_of_kept(node: fx.Node, recomputed: set[fx.Node]) -> bool:
     copies (ConvNeXt)."""
     if node.op != "call_function" or not isinstance(node.meta.get("val"), torch.Tensor):
         return False  # multi-output views (``unbind``, ``split``) are made again from their base
-    root = node
-    while (base := aliased_input(root)) is not None:
-        root = base
+    root = view_base(node)
     return root is not node and root not in recomputed
 
 

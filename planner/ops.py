@@ -14,6 +14,7 @@ __all__ = [
     "is_getitem",
     "is_view",
     "aliased_input",
+    "view_base",
     "written_input",
     "is_random",
     "side_effect",
@@ -57,6 +58,14 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
         if info is not None and not info.is_write and (not out_sets or out_sets & set(info.before_set)):
             return value if isinstance(value, fx.Node) else None
     return None
+
+
+def view_base(node: fx.Node) -> fx.Node:
+    """The node a chain of views (:func:`aliased_input`) of ``node`` ends at: ``node`` itself if it
+    owns its storage."""
+    while (base := aliased_input(node)) is not None:
+        node = base
+    return node
 
 
 def written_input(node: fx.Node) -> fx.Node | None:

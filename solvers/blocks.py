@@ -24,6 +24,7 @@ from typing import Iterator
 import numpy as np
 
 from planner.problem import Problem
+from solvers.segments import last_forward_reader
 
 __all__ = ["Blocks", "boundary_saves", "find_blocks"]
 
@@ -97,8 +98,7 @@ def boundary_saves(problem: Problem, blocks: Blocks, strides: tuple[int, ...] = 
     more blocks at once, which lowers the peak where the boundaries outweigh a block's work.
     """
     n = len(problem)
-    last_reader = np.full(n, -1, dtype=np.int64)
-    np.maximum.at(last_reader, problem.input_idx, np.repeat(np.arange(n), np.diff(problem.input_ptr)))
+    last_reader = last_forward_reader(problem)
     index = np.arange(n)
     plans = []
     for stride in strides:

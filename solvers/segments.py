@@ -19,7 +19,7 @@ import numpy as np
 
 from planner.problem import Problem
 
-__all__ = ["crossing_bytes", "segment_saves"]
+__all__ = ["crossing_bytes", "last_forward_reader", "segment_saves"]
 
 SEGMENT_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -30,8 +30,7 @@ def crossing_bytes(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     (-1 if none)."""
     n = len(problem)
     owner = problem.schedule.owner
-    last_reader = np.full(n, -1, dtype=np.int64)
-    np.maximum.at(last_reader, problem.input_idx, np.repeat(np.arange(n), np.diff(problem.input_ptr)))
+    last_reader = last_forward_reader(problem)
     storage_last = np.full(n, -1, dtype=np.int64)
     viewed = owner >= 0
     np.maximum.at(storage_last, owner[viewed], last_reader[viewed])
@@ -40,6 +39,14 @@ def crossing_bytes(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     np.add.at(delta, own + 1, problem.nbytes[own])
     np.add.at(delta, storage_last[own] + 1, -problem.nbytes[own])
     return np.cumsum(delta)[: n + 1], storage_last
+
+
+def last_forward_reader(problem: Problem) -> np.ndarray:
+    """Per node, the last forward node that reads it directly (-1 if none)."""
+    n = len(problem)
+    last = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(last, problem.input_idx, np.repeat(np.arange(n), np.diff(problem.input_ptr)))
+    return last
 
 
 def segment_saves(problem: Problem, counts: tuple[int, ...] = SEGMENT_COUNTS) -> list[np.ndarray]:
