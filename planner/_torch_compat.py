@@ -24,6 +24,7 @@ __all__ = [
     "has_custom_partitioner_hook",
     "pytorch_knapsack_solvers",
     "pytorch_partition",
+    "pytorch_saved_names",
     "compiling_frame",
     "mutated_primals",
     "gpu_spin",
@@ -187,6 +188,29 @@ def pytorch_partition() -> Callable:
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     return min_cut_rematerialization_partition
+
+
+def pytorch_saved_names(joint: fx.GraphModule, joint_inputs: list, num_fwd_outputs: int) -> list[str]:
+    """Names of the joint graph's nodes that PyTorch's own split (what torch.compile runs at
+    its default ``activation_memory_budget`` of 1.0) saves for the backward: the backward
+    module's inputs other than tangents (saved primals by their placeholders' names). A value
+    the split made itself is named by the joint node it reads. The split edits the graph it is
+    given: pass a copy (:meth:`planner.graph.JointGraph.copy`)."""
+    import torch._functorch.config as functorch_config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    known = {n.name for n in joint.graph.nodes}
+    with functorch_config.patch(activation_memory_budget=1.0):
+        forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+    made = {n.name: n for n in forward.graph.nodes}
+    names = []
+    for placeholder in backward.graph.find_nodes(op="placeholder"):
+        node = made.get(placeholder.name)
+        while node is not None and node.name not in known:
+            node = next((a for a in node.args if isinstance(a, fx.Node)), None)
+        if not placeholder.name.startswith("tangents") and node is not None:
+            names.append(node.name)
+    return names
 
 
 def pytorch_knapsack_solvers() -> dict[str, Callable]:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from planner.compiler import GraphPlan, PlannerBackend, frugal_floor, replay_graph, solve_graph
+from planner.compiler import PYTORCH_PEAK, GraphPlan, PlannerBackend, frugal_floor, replay_graph, solve_graph
 from planner.bounds import fast_end_plan
 from planner.memory import Timeline
 from planner.tracing import as_inputs, capture
@@ -35,7 +35,7 @@ class Prediction:
     recompute_seconds: float  # extra runtime spent recomputing in the backward, seconds
     step_seconds: float  # estimated runtime of the step without recomputation, seconds
     min_peak_bytes: int  # peak of the frugal end (budget 0.0): the frugal reference, or the exact search's plan where it ran
-    max_peak_bytes: int  # peak of the fast end (budget 1.0, planner.bounds.fast_end_plan)
+    max_peak_bytes: int  # peak of budget 1.0: the fast end (planner.bounds.fast_end_plan), or PyTorch's split where lower
 
     @property
     def overhead(self) -> float:
@@ -78,8 +78,9 @@ class Plan:
             peak_bytes=self.decision.peak_bytes,
             recompute_seconds=self.decision.recompute_seconds,
             step_seconds=self.graph_plan.step_seconds,
-            min_peak_bytes=frugal_floor(self.config, problem).peak_bytes,
-            max_peak_bytes=fast_end_plan(problem).peak_bytes,
+            min_peak_bytes=(floor := frugal_floor(self.config, problem).peak_bytes),
+            max_peak_bytes=max(floor, min(fast_end_plan(problem).peak_bytes,
+                                          self.decision.stats.get(PYTORCH_PEAK, float("inf")))),
         )
 
     @property
@@ -178,4 +179,4 @@ def plan_settings(config: PlannerConfig) -> dict[str, Any]:
     budget = config.budget
     return {"memory_budget": budget.fraction if budget.fraction is not None else budget.nbytes,
             "solver": config.solver, "estimator": config.estimator, "solver_options": dict(config.solver_options),
-            "estimator_options": dict(config.estimator_options)}
+            "estimator_options": dict(config.estimator_options), "fast_end": config.fast_end}

@@ -13,7 +13,7 @@ import numpy as np
 from planner.problem import Evaluation, Problem, evaluate
 
 __all__ = ["min_memory_plan", "runtime_optimal_plan", "fast_end_plan", "save_all_plan", "cut_network", "CutNetwork",
-           "SECONDS_UNIT", "FAST_END_SLACK", "hull_walk", "priced_cut", "price_rounding"]
+           "SECONDS_UNIT", "FAST_END_SLACK", "hull_walk", "priced_cut", "price_rounding", "named_plan"]
 
 _SOURCE, _SINK = "source", "sink"
 
@@ -229,6 +229,27 @@ def priced_cut(problem: Problem, price: float) -> tuple[Evaluation, float]:
     recompute, save = np.rint(price * problem.runtime), np.rint(price * problem.save_seconds)
     plan = evaluate(problem, cut_network(problem).cut(recompute, save))
     return plan, plan.memory_bytes + float(recompute[plan.recomputed].sum() + save[plan.saved].sum())
+
+
+def named_plan(problem: Problem, names) -> Evaluation:
+    """The plan that saves the named values, as another partitioner names them: a view or
+    tuple item stands for the storage it reads (its base is saved), and names the problem does
+    not hold (primals, sizes) are left out.
+
+    Raises
+    ------
+    InfeasibleDecision
+        If from these values the backward cannot get one it needs (:func:`evaluate`).
+    """
+    lookup = {name: i for i, name in enumerate(problem.names)}
+    saved = np.zeros(len(problem), dtype=bool)
+    for name in names:
+        i = lookup.get(name)
+        while i is not None and not problem.saveable[i] and len(problem.inputs[i]):
+            i = int(problem.inputs[i][0])
+        if i is not None and problem.saveable[i]:
+            saved[i] = True
+    return evaluate(problem, saved)
 
 
 def save_all_plan(problem: Problem) -> Evaluation:

@@ -54,19 +54,23 @@ class Budget:
                 raise ConfigError(f"memory_budget: {err}") from None
         raise ConfigError(_HELP.format(value=repr(value)))
 
-    def resolve(self, problem: Problem, least_peak: int | None = None) -> int:
+    def resolve(self, problem: Problem, least_peak: int | None = None, pytorch_peak: int | None = None) -> int:
         """The peak budget in bytes for this problem. A fraction is of the range from
         ``least_peak`` (by default the frugal reference's peak, :mod:`solvers.reference`: found
         in a fraction of a second, the same on every run) to the fast end's peak
-        (:func:`~planner.bounds.fast_end_plan`)."""
+        (:func:`~planner.bounds.fast_end_plan`), or to ``pytorch_peak`` where that is lower (the
+        peak of PyTorch's own split of the graph, ``PlannerConfig.fast_end``), but not below
+        ``least_peak``."""
         if self.nbytes is not None:
             return self.nbytes
         hi = fast_end_plan(problem).peak_bytes
-        if self.fraction == 1.0:
+        if self.fraction == 1.0 and (pytorch_peak is None or pytorch_peak >= hi):
             return hi
         if least_peak is None:
             from solvers.reference import reference_plan  # solvers build on planner, not the reverse
             least_peak = reference_plan(problem).peak_bytes
+        if pytorch_peak is not None:
+            hi = max(min(hi, pytorch_peak), least_peak)
         return least_peak + int((hi - least_peak) * self.fraction)
 
     def __str__(self) -> str:

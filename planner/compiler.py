@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from estimators import get_estimator
 from planner import _torch_compat
-from planner.bounds import runtime_optimal_plan
+from planner.bounds import named_plan, runtime_optimal_plan
 from planner.build import build_problem, estimate_step_seconds
 from planner.tracing import make_backend
 from planner.config import PlannerConfig
@@ -72,12 +72,15 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         budget = config.budget
         exact = exact_frugal_search(config, solver, problem, held_bytes)
         least = min_peak_plan(problem, config.time_limit) if exact else None
-        nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None)
+        theirs = pytorch_split(joint, problem) if budget.fraction is not None and config.fast_end == "pytorch" else {}
+        nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None, theirs.get(PYTORCH_PEAK))
         if budget.nbytes is not None:
             nbytes = max(0, nbytes - held_bytes)
         if least is None:
-            return solver.solve(problem, nbytes)
-        return solver.solve(problem, nbytes, frugal=least.plan, frugal_proven=least.optimal)
+            decision = solver.solve(problem, nbytes)
+        else:
+            decision = solver.solve(problem, nbytes, frugal=least.plan, frugal_proven=least.optimal)
+        return replace(decision, stats={**decision.stats, **theirs}) if theirs else decision
 
     def decide(problem: Problem) -> Decision:
         agree_on_graph(joint.fingerprint)
@@ -91,6 +94,39 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         return decide_on_rank0(on_rank0, received)
 
     return _plan_graph(joint, config, decide, repeats, rest_bytes, beside_backward)
+
+
+PYTORCH_PEAK = "pytorch_split_peak_bytes"  # Decision.stats: the peak of PyTorch's own split of the graph
+
+
+def pytorch_split(joint: JointGraph, problem: Problem) -> dict[str, Any]:
+    """PyTorch's own split of ``joint`` (``torch.compile``'s at its default budget) as the
+    planner prices it: ``{PYTORCH_PEAK: peak bytes}``, or where that split cannot be had or
+    read as a plan of ``problem``, ``{"pytorch_split": why}`` (a warning says so, and budget
+    1.0 is the planner's own fast end)."""
+    try:
+        return {PYTORCH_PEAK: pytorch_split_plan(joint, problem).peak_bytes}
+    except Exception as err:  # PyTorch's partitioner is private and may fail on graphs the planner takes
+        why = f"{type(err).__name__}: {err}"
+        warnings.warn(f"PyTorch's own split of this graph failed ({why}); budget 1.0 is the planner's fast end "
+                      "alone (fast_end='model')", stacklevel=2)
+        return {"pytorch_split": f"failed ({why})"}
+
+
+def pytorch_split_plan(joint: JointGraph, problem: Problem) -> Evaluation:
+    """PyTorch's own split of ``joint`` as a plan of ``problem``: what it saves, where it saves
+    a node of the backward region (a ``detach`` it moved into the forward), the forward node
+    that node reads (:func:`planner.bounds.named_plan` takes views to their bases)."""
+    names = _torch_compat.pytorch_saved_names(joint.copy().module, joint.joint_inputs, joint.num_fwd_outputs)
+    nodes = {n.name: n for n in joint.graph.nodes}
+    held = set(problem.names)
+    found = []
+    for name in names:
+        node = nodes.get(name)
+        while node is not None and node.name not in held:
+            node = next((a for a in node.args if isinstance(a, fx.Node)), None)
+        found.append(node.name if node is not None else name)
+    return named_plan(problem, found)
 
 
 def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem, held_bytes: int = 0) -> bool:

@@ -10,9 +10,10 @@ from planner.budget import Budget
 from planner.tracing import CODEGENS
 from planner.errors import ConfigError
 
-__all__ = ["PlannerConfig", "FRUGAL_SEARCHES"]
+__all__ = ["PlannerConfig", "FRUGAL_SEARCHES", "FAST_ENDS"]
 
 FRUGAL_SEARCHES = ("auto", "exact", "reference")
+FAST_ENDS = ("pytorch", "model")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class PlannerConfig:
         below the reference's peak, runs the exact least-peak search (CP-SAT, up to
         ``time_limit``); ``"exact"``: fractions are of the range from the exact least peak
         too; ``"reference"``: the exact search never runs.
+    fast_end : where budget 1.0 lies. ``"pytorch"``: the planner's fast end
+        (:func:`planner.bounds.fast_end_plan`), or where PyTorch's own split of the graph (what
+        ``torch.compile`` saves at its default ``activation_memory_budget``) has a lower peak by
+        the planner's memory model, that peak: the solver then finds the fastest plan holding no
+        more than PyTorch would. ``"model"``: the planner's fast end alone.
     replan : plan a compiled graph again once a training step has run, for what the step showed
         (the times the graph ran before its backward; what the graphs after it needed while its
         saved values waited), compiling it again where the plan changes
@@ -52,6 +58,7 @@ class PlannerConfig:
     estimator_options: dict[str, Any] = field(default_factory=dict)
     inductor_options: dict[str, Any] = field(default_factory=dict)
     frugal_search: str = "auto"
+    fast_end: str = "pytorch"
     replan: bool = True
 
     def __post_init__(self) -> None:
@@ -63,6 +70,7 @@ class PlannerConfig:
         _check_choice("estimator", self.estimator, available_estimators())
         _check_choice("codegen", self.codegen, list(CODEGENS))
         _check_choice("frugal_search", self.frugal_search, list(FRUGAL_SEARCHES))
+        _check_choice("fast_end", self.fast_end, list(FAST_ENDS))
         if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or not self.time_limit > 0:
             raise ConfigError(f"time_limit={self.time_limit!r} is invalid; give a positive number of seconds")
         if not isinstance(self.replan, bool):

@@ -37,6 +37,7 @@ def test_yaml_file(tmp_path):
         ("solver.toml", 'solver = "magic"', "solver='magic' is not allowed; choose one of: " + ", ".join(available_solvers())),
         ("estimator.toml", 'estimator = "magic"', "estimator='magic' is not allowed; choose one of: auto, constant, flops"),
         ("codegen.toml", 'codegen = "tvm"', "codegen='tvm' is not allowed; choose one of: eager, inductor"),
+        ("fast_end.toml", 'fast_end = "torch"', "fast_end='torch' is not allowed; choose one of: pytorch, model"),
         ("limit.toml", "time_limit = -1", "time_limit=-1 is invalid"),
         ("budget.toml", "memory_budget = 3.5", "memory_budget=3.5 is out of range"),
         ("options.toml", 'solver_options = "fast"', "solver_options must be a table"),

@@ -35,3 +35,50 @@ def test_without_save_costs_the_fast_end_is_the_fastest_plan():
     problem = random_problem(7, 8, timed=True, priced=False)
     assert not problem.save_seconds.any()
     assert bounds.fast_end_plan(problem) is bounds.runtime_optimal_plan(problem)
+
+
+def test_budget_one_holds_no_more_than_pytorchs_own_split():
+    """On the small CNN and GPT, PyTorch's split recomputes pointwise ops the fast end keeps:
+    budget 1.0 then resolves to that split's peak and the plan holds no more; with
+    fast_end="model" it is the planner's fast end alone."""
+    from planner.compiler import PYTORCH_PEAK, pytorch_split_plan, solve_graph
+    from planner.config import PlannerConfig
+    from planner.tracing import as_inputs, capture
+    from tests import models
+
+    for make in (models.cnn, models.gpt):
+        model, inputs = make()
+        joint = capture(model, as_inputs(inputs), codegen="inductor")
+        anchored = solve_graph(joint, PlannerConfig(memory_budget=1.0, fast_end="pytorch", time_limit=5))
+        own = solve_graph(joint, PlannerConfig(memory_budget=1.0, fast_end="model", time_limit=5))
+        theirs = pytorch_split_plan(joint, anchored.problem)
+        fast_end = bounds.fast_end_plan(anchored.problem).peak_bytes
+        assert theirs.peak_bytes < fast_end  # the case this test is about
+        assert anchored.decision.stats[PYTORCH_PEAK] == theirs.peak_bytes
+        assert anchored.decision.budget_bytes == theirs.peak_bytes
+        assert anchored.decision.peak_bytes <= theirs.peak_bytes
+        assert PYTORCH_PEAK not in own.decision.stats and own.decision.budget_bytes == fast_end
+
+
+def test_a_split_named_by_its_views_saves_their_bases():
+    """PyTorch's split names views among its saved values (the GPT's transposed weights'
+    products, reshaped); each stands for the storage it reads."""
+    from planner import _torch_compat
+    from planner.compiler import solve_graph
+    from planner.config import PlannerConfig
+    from planner.tracing import as_inputs, capture
+    from tests import models
+
+    model, inputs = models.gpt()
+    joint = capture(model, as_inputs(inputs), codegen="inductor")
+    graph_plan = solve_graph(joint, PlannerConfig(memory_budget=1.0, fast_end="model", time_limit=5))
+    problem = graph_plan.problem
+    names = _torch_compat.pytorch_saved_names(joint.copy().module, joint.joint_inputs, joint.num_fwd_outputs)
+    plan = bounds.named_plan(problem, names)
+    index = {name: i for i, name in enumerate(problem.names)}
+    views = [index[n] for n in names if n in index and not problem.saveable[index[n]]]
+    assert views, "PyTorch's split of the GPT names no view; the test needs one"
+    for i in views:
+        while not problem.saveable[i]:
+            i = int(problem.inputs[i][0])
+        assert plan.saved[i]  # the view's base is kept

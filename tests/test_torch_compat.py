@@ -138,6 +138,17 @@ def test_pytorch_partition_splits_a_joint_graph():
     assert any(n.op == "placeholder" and "tangents" in str(n.target) for n in backward.graph.nodes)
 
 
+def test_pytorch_saved_names_are_joint_nodes_and_leave_the_joint_alone():
+    model, inputs = MODELS["cnn"]()
+    joint = planner.capture(model, inputs)
+    before = [n.format_node() for n in joint.graph.nodes]
+    names = _torch_compat.pytorch_saved_names(joint.copy().module, joint.joint_inputs, joint.num_fwd_outputs)
+    nodes = {n.name: n for n in joint.graph.nodes}
+    assert names and all(name in nodes for name in names)
+    assert not any(nodes[name].name.startswith("tangents") for name in names)
+    assert [n.format_node() for n in joint.graph.nodes] == before
+
+
 def test_is_fake_tells_a_compiles_fake_tensors_from_real_ones():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
