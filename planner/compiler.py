@@ -97,6 +97,7 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
 
 
 PYTORCH_PEAK = "pytorch_split_peak_bytes"  # Decision.stats: the peak of PyTorch's own split of the graph
+_PYTORCH_SAVED: dict[str, list[str]] = {}  # graph fingerprint -> what PyTorch's split saves
 
 
 def pytorch_split(joint: JointGraph, problem: Problem) -> dict[str, Any]:
@@ -116,8 +117,13 @@ def pytorch_split(joint: JointGraph, problem: Problem) -> dict[str, Any]:
 def pytorch_split_plan(joint: JointGraph, problem: Problem) -> Evaluation:
     """PyTorch's own split of ``joint`` as a plan of ``problem``: what it saves, where it saves
     a node of the backward region (a ``detach`` it moved into the forward), the forward node
-    that node reads (:func:`planner.bounds.named_plan` takes views to their bases)."""
-    names = _torch_compat.pytorch_saved_names(joint.copy().module, joint.joint_inputs, joint.num_fwd_outputs)
+    that node reads (:func:`planner.bounds.named_plan` takes views to their bases). The split
+    runs once per graph in a process (kept by fingerprint: a notebook sweeping budgets, a graph
+    planned again for the step seen)."""
+    names = _PYTORCH_SAVED.get(joint.fingerprint)
+    if names is None:
+        names = _torch_compat.pytorch_saved_names(joint.copy().module, joint.joint_inputs, joint.num_fwd_outputs)
+        _PYTORCH_SAVED[joint.fingerprint] = names
     nodes = {n.name: n for n in joint.graph.nodes}
     held = set(problem.names)
     found = []

@@ -82,3 +82,21 @@ def test_a_split_named_by_its_views_saves_their_bases():
         while not problem.saveable[i]:
             i = int(problem.inputs[i][0])
         assert plan.saved[i]  # the view's base is kept
+
+
+def test_pytorchs_split_runs_once_per_graph(monkeypatch):
+    """Budgets swept on one graph (a notebook) split it with PyTorch's partitioner once."""
+    from planner import _torch_compat, compiler
+    from planner.config import PlannerConfig
+    from planner.tracing import as_inputs, capture
+    from tests import models
+
+    calls = []
+    split = _torch_compat.pytorch_saved_names
+    monkeypatch.setattr(_torch_compat, "pytorch_saved_names", lambda *a: calls.append(1) or split(*a))
+    monkeypatch.setattr(compiler, "_PYTORCH_SAVED", {})
+    model, inputs = models.cnn()
+    joint = capture(model, as_inputs(inputs), codegen="inductor")
+    peaks = {compiler.solve_graph(joint, PlannerConfig(memory_budget=b, time_limit=5)).decision.stats[compiler.PYTORCH_PEAK]
+             for b in (1.0, 0.5, 0.2)}
+    assert len(calls) == 1 and len(peaks) == 1
