@@ -16,8 +16,9 @@ class Budget:
     """A budget on peak activation memory over the training step.
 
     Exactly one of ``fraction`` (in [0, 1]: 0 is the peak of the most memory-frugal plan, 1 the
-    peak of the fast end, :func:`~planner.bounds.fast_end_plan`, linear in bytes between them)
-    and ``nbytes`` (an absolute bound on the peak) is set.
+    peak of the fast end, :func:`~planner.bounds.fast_end_plan`, or of PyTorch's own split of the
+    graph where that is lower (``PlannerConfig.fast_end``), linear in bytes between them) and
+    ``nbytes`` (an absolute bound on the peak) is set.
     """
 
     fraction: float | None = None
@@ -79,5 +80,6 @@ class Budget:
 
 _HELP = (
     "memory_budget={value} is out of range; give a fraction in [0.0, 1.0] (0.0 = most memory-frugal "
-    "plan, 1.0 = runtime-optimal plan), a size such as '1.5GiB', or a non-negative int of bytes"
+    "plan, 1.0 = the fast end: the fastest plan, holding no more than PyTorch's own split), a size such "
+    "as '1.5GiB', or a non-negative int of bytes"
 )

@@ -22,7 +22,8 @@ class PlannerConfig:
 
     Attributes
     ----------
-    memory_budget : fraction in [0, 1] (0 = most memory-frugal plan, 1 = runtime-optimal plan),
+    memory_budget : fraction in [0, 1] (0 = most memory-frugal plan, 1 = the fast end, see
+        ``fast_end``),
         a size such as ``"1.5GiB"``, or an int of bytes, for activations kept for the backward.
     solver : name of a registered solver (see ``solvers.available_solvers()``).
     estimator : name of a registered estimator (see ``estimators.available_estimators()``); the
