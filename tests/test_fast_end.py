@@ -84,10 +84,11 @@ def test_a_split_named_by_its_views_saves_their_bases():
         assert plan.saved[i]  # the view's base is kept
 
 
-def test_pytorchs_split_runs_once_per_graph(monkeypatch):
+def test_pytorchs_split_runs_once_per_graph(monkeypatch, tmp_path):
     """Budgets swept on one graph (a notebook) split it with PyTorch's partitioner once."""
     from planner import _torch_compat, compiler
     from planner.config import PlannerConfig
+    from planner.decisions import forget_decisions
     from planner.tracing import as_inputs, capture
     from tests import models
 
@@ -95,8 +96,35 @@ def test_pytorchs_split_runs_once_per_graph(monkeypatch):
     split = _torch_compat.pytorch_saved_names
     monkeypatch.setattr(_torch_compat, "pytorch_saved_names", lambda *a: calls.append(1) or split(*a))
     monkeypatch.setattr(compiler, "_PYTORCH_SAVED", {})
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
+    forget_decisions()  # each budget solved afresh, not reused from an earlier test
     model, inputs = models.cnn()
     joint = capture(model, as_inputs(inputs), codegen="inductor")
     peaks = {compiler.solve_graph(joint, PlannerConfig(memory_budget=b, time_limit=5)).decision.stats[compiler.PYTORCH_PEAK]
              for b in (1.0, 0.5, 0.2)}
     assert len(calls) == 1 and len(peaks) == 1
+
+
+def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monkeypatch, tmp_path):
+    import pytest
+
+    from planner import _torch_compat, compiler
+    from planner.decisions import forget_decisions
+    from planner.config import PlannerConfig
+    from planner.tracing import as_inputs, capture
+    from tests import models
+
+    def broken(*_):
+        raise RuntimeError("no split here")
+
+    monkeypatch.setattr(_torch_compat, "pytorch_saved_names", broken)
+    monkeypatch.setattr(compiler, "_PYTORCH_SAVED", {})
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
+    forget_decisions()  # solved afresh, not reused from an earlier test
+    model, inputs = models.cnn()
+    joint = capture(model, as_inputs(inputs), codegen="inductor")
+    with pytest.warns(UserWarning, match="PyTorch's own split of this graph failed .*no split here"):
+        plan = compiler.solve_graph(joint, PlannerConfig(memory_budget=1.0, time_limit=5))
+    assert "no split here" in plan.decision.stats["pytorch_split"]
+    assert compiler.PYTORCH_PEAK not in plan.decision.stats
+    assert plan.decision.budget_bytes == bounds.fast_end_plan(plan.problem).peak_bytes
