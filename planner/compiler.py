@@ -72,14 +72,16 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         budget = config.budget
         exact = exact_frugal_search(config, solver, problem, held_bytes)
         least = min_peak_plan(problem, config.time_limit) if exact else None
-        theirs = pytorch_split(joint, problem) if budget.fraction is not None and config.fast_end == "pytorch" else {}
+        split, theirs = (pytorch_split(joint, problem) if budget.fraction is not None and config.fast_end == "pytorch"
+                         else (None, {}))
         nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None, theirs.get(PYTORCH_PEAK))
         if budget.nbytes is not None:
             nbytes = max(0, nbytes - held_bytes)
+        starts = {"pytorch split": split} if split is not None else None
         if least is None:
-            decision = solver.solve(problem, nbytes)
+            decision = solver.solve(problem, nbytes, starts=starts)
         else:
-            decision = solver.solve(problem, nbytes, frugal=least.plan, frugal_proven=least.optimal)
+            decision = solver.solve(problem, nbytes, frugal=least.plan, frugal_proven=least.optimal, starts=starts)
         return replace(decision, stats={**decision.stats, **theirs}) if theirs else decision
 
     def decide(problem: Problem) -> Decision:
@@ -100,18 +102,19 @@ PYTORCH_PEAK = "pytorch_split_peak_bytes"  # Decision.stats: the peak of PyTorch
 _PYTORCH_SAVED: dict[str, list[str]] = {}  # graph fingerprint -> what PyTorch's split saves
 
 
-def pytorch_split(joint: JointGraph, problem: Problem) -> dict[str, Any]:
+def pytorch_split(joint: JointGraph, problem: Problem) -> tuple[Evaluation | None, dict[str, Any]]:
     """PyTorch's own split of ``joint`` (``torch.compile``'s at its default budget) as the
-    planner prices it: ``{PYTORCH_PEAK: peak bytes}``, or where that split cannot be had or
-    read as a plan of ``problem``, ``{"pytorch_split": why}`` (a warning says so, and budget
-    1.0 is the planner's own fast end)."""
+    planner prices it, and what the decision's stats say of it: ``{PYTORCH_PEAK: peak bytes}``,
+    or where that split cannot be had or read as a plan of ``problem``, ``(None,
+    {"pytorch_split": why})`` (a warning says so, and budget 1.0 is the planner's own fast end)."""
     try:
-        return {PYTORCH_PEAK: pytorch_split_plan(joint, problem).peak_bytes}
+        split = pytorch_split_plan(joint, problem)
     except Exception as err:  # PyTorch's partitioner is private and may fail on graphs the planner takes
         why = f"{type(err).__name__}: {err}"
         warnings.warn(f"PyTorch's own split of this graph failed ({why}); budget 1.0 is the planner's fast end "
                       "alone (fast_end='model')", stacklevel=2)
-        return {"pytorch_split": f"failed ({why})"}
+        return None, {"pytorch_split": f"failed ({why})"}
+    return split, {PYTORCH_PEAK: split.peak_bytes}
 
 
 def pytorch_split_plan(joint: JointGraph, problem: Problem) -> Evaluation:

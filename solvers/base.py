@@ -64,13 +64,16 @@ class Solver(ABC):
         return value
 
     def solve(self, problem: Problem, budget_bytes: int, frugal: Evaluation | None = None,
-              frugal_proven: bool = False) -> Decision:
+              frugal_proven: bool = False, starts: dict[str, Evaluation] | None = None) -> Decision:
         """Return a feasible decision whose peak memory is at most ``budget_bytes``.
 
         ``frugal`` is the lowest-peak plan known, the search's floor: by default the frugal
         reference (:func:`solvers.reference.reference_plan`, fast and deterministic); the
         exact least-peak plan (:func:`solvers.frugal.min_peak_plan`) where the caller ran that
-        search, with ``frugal_proven`` when it proved no plan lies below.
+        search, with ``frugal_proven`` when it proved no plan lies below. ``starts`` names other
+        plans the caller knows (PyTorch's own split): the exact solvers start from the fastest
+        plan within the budget among them and their own heuristics, and ``stats["start"]`` says
+        which; the heuristic solvers do not look at them.
 
         Raises
         ------
@@ -88,7 +91,7 @@ class Solver(ABC):
             frugal = reference_plan(problem) if frugal is None else frugal
             if budget_bytes < frugal.peak_bytes:
                 raise InfeasibleBudget(budget_bytes, frugal.peak_bytes, proven=frugal_proven)
-            solution = self._solve(problem, int(budget_bytes), frugal, fast, deadline)
+            solution = self._solve(problem, int(budget_bytes), frugal, fast, deadline, starts=dict(starts or {}))
         result = evaluate(problem, solution.saved)
         if result.peak_bytes > budget_bytes:
             raise SolverError(
@@ -111,12 +114,14 @@ class Solver(ABC):
 
     @abstractmethod
     def _solve(
-        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float,
+        starts: dict[str, Evaluation] | None = None,
     ) -> Solution:
         """Solve for a budget with ``frugal.peak_bytes <= budget_bytes < fast.peak_bytes``.
 
         ``frugal`` is the least-peak plan, ``fast`` the runtime-optimal one. ``deadline`` is a
-        ``time.monotonic()`` instant: return the best plan found by then.
+        ``time.monotonic()`` instant: return the best plan found by then. ``starts``: named
+        plans the caller knows, which an exact solver may start from (:meth:`solve`).
         """
 
 
@@ -130,7 +135,8 @@ class CapacitySolver(Solver):
     """
 
     def _solve(
-        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float,
+        starts: dict[str, Evaluation] | None = None,  # a heuristic: not read
     ) -> Solution:
         lo, hi = frugal.memory_bytes, fast.memory_bytes
         best, best_plan, tries = Solution(frugal.saved, Status.HEURISTIC), frugal, 0

@@ -44,10 +44,12 @@ class CPSATSolver(Solver):
         self.workers = max(8, os.cpu_count() or 1) if workers is None else self._positive_int("workers", workers)
 
     def _solve(
-        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float,
+        starts: dict[str, Evaluation] | None = None,
     ) -> Solution:
         solution = solve_from_start(problem, budget_bytes, frugal, deadline,
-                                    lambda model, objective, start: run_cpsat(model, objective, start, deadline, self.workers))
+                                    lambda model, objective, start: run_cpsat(model, objective, start, deadline, self.workers),
+                                    starts)
         solution.stats["workers"] = self.workers
         return solution
 

@@ -38,7 +38,8 @@ class MinCutSolver(Solver):
         self.iterations = self._positive_int("iterations", iterations)
 
     def _solve(
-        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float
+        self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float,
+        starts: dict[str, Evaluation] | None = None,  # a heuristic: not read
     ) -> Solution:
         # The frugal plan fits, the fast one does not; the walk keeps the fitting end, and every
         # cut bounds the seconds of any plan within the budget.

@@ -3,7 +3,7 @@ import itertools
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from planner.bounds import min_memory_plan, runtime_optimal_plan
@@ -244,3 +244,20 @@ def test_every_solver_reports_the_save_seconds_of_its_plan(name, problem, fracti
     if name == "mincut":
         # The cuts' bound holds for the objective with save costs too.
         assert decision.seconds * (1 - decision.gap) <= brute_force(problem, budget).seconds + 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(timed_problems, st.floats(0, 1))
+@pytest.mark.parametrize("name,options", [("ilp", {"backend": "highs"}), ("cpsat", {})])
+def test_exact_solvers_start_from_a_given_plan_that_fits_and_is_fastest(name, options, problem, fraction):
+    least, fast = min_peak_plan(problem), runtime_optimal_plan(problem).peak_bytes
+    budget = least.plan.peak_bytes + int((fast - least.plan.peak_bytes) * fraction)
+    assume(budget < fast)  # else the fastest plan is returned without a search
+    best = brute_force(problem, budget)
+    over = max(all_plans(problem), key=lambda p: p.peak_bytes)  # a start over the budget is passed over
+    starts = {"given": best, "too big": over} if over.peak_bytes > budget else {"given": best}
+    decision = get_solver(name, **options).solve(problem, budget, frugal=least.plan, frugal_proven=True, starts=starts)
+    assert decision.peak_bytes <= budget and decision.stats["start"] != "too big"
+    if decision.stats["start"] == "given":  # taken only where the solver's own start was slower
+        assert best.seconds < least.plan.seconds
+    assert decision.seconds <= best.seconds + 1e-4 * problem.runtime.max() + 1e-12
