@@ -89,6 +89,15 @@ class Plan:
         ``module`` has been compiled by its first call; None before."""
         return self.backend.timelines[-1] if self.backend.timelines else None
 
+    def _fast_end(self) -> str:
+        """What budget 1.0 is for this plan, in words."""
+        stats = self.decision.stats
+        if "pytorch_split" in stats:
+            return f"the planner's fast end; PyTorch's own split {stats['pytorch_split']}"
+        if stats.get(PYTORCH_PEAK, float("inf")) < fast_end_plan(self.graph_plan.problem).peak_bytes:
+            return "PyTorch's own split, below the planner's fast end"
+        return "the planner's fast end"
+
     def summary(self) -> str:
         """A readable table of the plan."""
         d, p = self.decision, self.predicted
@@ -99,7 +108,8 @@ class Plan:
             ("budget", f"{self.config.budget} -> {format_bytes(d.budget_bytes)}"),
             ("predicted peak", format_bytes(p.peak_bytes)),
             ("saved activations", f"{format_bytes(p.saved_bytes)} ({len(d.saved)} tensors)"),
-            ("budget range", f"{format_bytes(p.min_peak_bytes)} (0.0) .. {format_bytes(p.max_peak_bytes)} (1.0)"),
+            ("budget range", f"{format_bytes(p.min_peak_bytes)} (0.0) .. {format_bytes(p.max_peak_bytes)} "
+                             f"(1.0: {self._fast_end()})"),
             ("recomputed ops", str(len(self.recomputed))),
             ("predicted recompute", f"{p.recompute_seconds:.3g} s ({p.overhead:.1%} of the step)"),
             ("plan time", f"{self.graph_plan.plan_seconds * 1e3:.0f} ms (solver {d.solve_seconds * 1e3:.0f} ms)"),

@@ -129,3 +129,15 @@ def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monk
     assert "no split here" in plan.decision.stats["pytorch_split"]
     assert compiler.PYTORCH_PEAK not in plan.decision.stats
     assert plan.decision.budget_bytes == bounds.fast_end_plan(plan.problem).peak_bytes
+
+
+def test_the_plan_summary_says_what_budget_one_is():
+    import planner
+    from tests import models
+
+    model, inputs = models.cnn()
+    lines = {fast_end: planner.plan(model, inputs, planner.PlannerConfig(memory_budget=0.5, fast_end=fast_end,
+                                                                         time_limit=5)).summary()
+             for fast_end in ("pytorch", "model")}
+    assert "(1.0: PyTorch's own split, below the planner's fast end)" in lines["pytorch"]
+    assert "(1.0: the planner's fast end)" in lines["model"]
