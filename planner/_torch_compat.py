@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 import torch.fx as fx
@@ -190,16 +190,19 @@ def pytorch_partition() -> Callable:
     return min_cut_rematerialization_partition
 
 
-def pytorch_saved_names(joint: fx.GraphModule, joint_inputs: list, num_fwd_outputs: int) -> list[str]:
-    """Names of the joint graph's nodes that PyTorch's own split (what torch.compile runs at
-    its default ``activation_memory_budget`` of 1.0) saves for the backward: the backward
-    module's inputs other than tangents (saved primals by their placeholders' names). A value
-    the split made itself is named by the joint node it reads. The split edits the graph it is
-    given: pass a copy (:meth:`planner.graph.JointGraph.copy`)."""
+def pytorch_saved_names(joint: fx.GraphModule, joint_inputs: list, num_fwd_outputs: int,
+                        known: Collection[str] | None = None) -> list[str]:
+    """Names of the nodes that PyTorch's own split (what torch.compile runs at its default
+    ``activation_memory_budget`` of 1.0) saves for the backward: the backward module's inputs
+    other than tangents (saved primals by their placeholders' names). A saved value whose name
+    is not in ``known`` (by default the joint graph's nodes), such as a ``detach`` the split
+    moved into the forward, is named by the first of ``known`` it reads through first inputs,
+    or left out. The split edits the graph it is given: pass a copy
+    (:meth:`planner.graph.JointGraph.copy`)."""
     import torch._functorch.config as functorch_config
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    known = {n.name for n in joint.graph.nodes}
+    known = {n.name for n in joint.graph.nodes} if known is None else known
     with functorch_config.patch(activation_memory_budget=1.0):
         forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
     made = {n.name: n for n in forward.graph.nodes}

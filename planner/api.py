@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from planner.compiler import PYTORCH_PEAK, GraphPlan, PlannerBackend, frugal_floor, replay_graph, solve_graph
 from planner.bounds import fast_end_plan
+from planner.budget import Budget
 from planner.memory import Timeline
 from planner.tracing import as_inputs, capture
 from planner.config import PlannerConfig
@@ -79,8 +80,7 @@ class Plan:
             recompute_seconds=self.decision.recompute_seconds,
             step_seconds=self.graph_plan.step_seconds,
             min_peak_bytes=(floor := frugal_floor(self.config, problem).peak_bytes),
-            max_peak_bytes=max(floor, min(fast_end_plan(problem).peak_bytes,
-                                          self.decision.stats.get(PYTORCH_PEAK, float("inf")))),
+            max_peak_bytes=Budget(fraction=1.0).resolve(problem, floor, self.decision.stats.get(PYTORCH_PEAK)),
         )
 
     @property

@@ -77,11 +77,9 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None, theirs.get(PYTORCH_PEAK))
         if budget.nbytes is not None:
             nbytes = max(0, nbytes - held_bytes)
-        starts = {"pytorch split": split} if split is not None else None
-        if least is None:
-            decision = solver.solve(problem, nbytes, starts=starts)
-        else:
-            decision = solver.solve(problem, nbytes, frugal=least.plan, frugal_proven=least.optimal, starts=starts)
+        decision = solver.solve(problem, nbytes, frugal=least.plan if least else None,
+                                frugal_proven=bool(least and least.optimal),
+                                starts={"pytorch split": split} if split is not None else None)
         return replace(decision, stats={**decision.stats, **theirs}) if theirs else decision
 
     def decide(problem: Problem) -> Decision:
@@ -118,24 +116,17 @@ def pytorch_split(joint: JointGraph, problem: Problem) -> tuple[Evaluation | Non
 
 
 def pytorch_split_plan(joint: JointGraph, problem: Problem) -> Evaluation:
-    """PyTorch's own split of ``joint`` as a plan of ``problem``: what it saves, where it saves
-    a node of the backward region (a ``detach`` it moved into the forward), the forward node
-    that node reads (:func:`planner.bounds.named_plan` takes views to their bases). The split
-    runs once per graph in a process (kept by fingerprint: a notebook sweeping budgets, a graph
-    planned again for the step seen)."""
+    """PyTorch's own split of ``joint`` as a plan of ``problem``: what it saves, named by the
+    forward nodes of ``problem`` (a ``detach`` it moved into the forward by the node it reads;
+    :func:`planner.bounds.named_plan` takes views to their bases). The split runs once per graph
+    in a process (kept by fingerprint: a notebook sweeping budgets, a graph planned again for the
+    step seen)."""
     names = _PYTORCH_SAVED.get(joint.fingerprint)
     if names is None:
-        names = _torch_compat.pytorch_saved_names(joint.copy().module, joint.joint_inputs, joint.num_fwd_outputs)
+        names = _torch_compat.pytorch_saved_names(joint.copy().module, joint.joint_inputs, joint.num_fwd_outputs,
+                                                  known=set(problem.names))
         _PYTORCH_SAVED[joint.fingerprint] = names
-    nodes = {n.name: n for n in joint.graph.nodes}
-    held = set(problem.names)
-    found = []
-    for name in names:
-        node = nodes.get(name)
-        while node is not None and node.name not in held:
-            node = next((a for a in node.args if isinstance(a, fx.Node)), None)
-        found.append(node.name if node is not None else name)
-    return named_plan(problem, found)
+    return named_plan(problem, names)
 
 
 def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem, held_bytes: int = 0) -> bool:

@@ -91,7 +91,7 @@ class Solver(ABC):
             frugal = reference_plan(problem) if frugal is None else frugal
             if budget_bytes < frugal.peak_bytes:
                 raise InfeasibleBudget(budget_bytes, frugal.peak_bytes, proven=frugal_proven)
-            solution = self._solve(problem, int(budget_bytes), frugal, fast, deadline, starts=dict(starts or {}))
+            solution = self._solve(problem, int(budget_bytes), frugal, fast, deadline, starts=starts)
         result = evaluate(problem, solution.saved)
         if result.peak_bytes > budget_bytes:
             raise SolverError(

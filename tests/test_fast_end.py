@@ -95,7 +95,7 @@ def test_pytorchs_split_runs_once_per_graph(monkeypatch, tmp_path):
 
     calls = []
     split = _torch_compat.pytorch_saved_names
-    monkeypatch.setattr(_torch_compat, "pytorch_saved_names", lambda *a: calls.append(1) or split(*a))
+    monkeypatch.setattr(_torch_compat, "pytorch_saved_names", lambda *a, **kw: calls.append(1) or split(*a, **kw))
     monkeypatch.setattr(compiler, "_PYTORCH_SAVED", {})
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     forget_decisions()  # each budget solved afresh, not reused from an earlier test
@@ -115,7 +115,7 @@ def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monk
     from planner.tracing import as_inputs, capture
     from tests import models
 
-    def broken(*_):
+    def broken(*_, **__):
         raise RuntimeError("no split here")
 
     monkeypatch.setattr(_torch_compat, "pytorch_saved_names", broken)
