@@ -10,6 +10,12 @@ The exact solvers use the blocks for a starting plan: the same program with ever
 deciding alike (``saved[i] == saved[i + P]``), a fraction of its size once presolved. Tying
 is a restriction, so its plan is feasible for the full program and proves nothing about it.
 
+They also supply the patterns of a second restriction: every block saving as some block of a
+plan found so far does (:func:`block_patterns`), the blocks between the first and the last in
+order of the bytes their patterns save (:func:`pattern_ranks`, :func:`in_rank_order`). Plans
+near the frugal end mix a few such patterns, and the order takes away the choice of which
+blocks take which, which otherwise leaves a search as many equal plans as there are orders.
+
 The least-peak search starts, among others, from the plans that save only what flows across
 block boundaries (:func:`boundary_saves`): the classic per-layer checkpointing, which a local
 search from the runtime-optimal or least-saved-bytes plans does not reach on deep models.
@@ -26,7 +32,7 @@ import numpy as np
 from planner.problem import Problem
 from solvers.segments import last_forward_reader
 
-__all__ = ["Blocks", "boundary_saves", "find_blocks"]
+__all__ = ["Blocks", "block_masks", "block_patterns", "boundary_saves", "find_blocks", "in_rank_order", "pattern_ranks"]
 
 _SUFFIX = re.compile(r"_\d+$")
 _PAD = -(1 << 40)  # an input slot a node does not have; no shift maps it onto a real index
@@ -76,6 +82,42 @@ def find_blocks(problem: Problem, min_count: int = 2, min_cover: float = 0.5) ->
     if best is None or best.count * best.period < min_cover * n:
         return None
     return best
+
+
+def block_masks(blocks: Blocks, plan) -> list[np.ndarray]:
+    """Per block, the saved mask ``plan`` (an evaluation) makes over its nodes, as a mask over
+    offsets ``0 .. period - 1``."""
+    return [plan.saved[blocks.start + k * blocks.period: blocks.start + (k + 1) * blocks.period]
+            for k in range(blocks.count)]
+
+
+def block_patterns(blocks: Blocks, plans) -> list[np.ndarray]:
+    """The distinct block masks (:func:`block_masks`) of ``plans``, in first-seen order."""
+    found: dict[bytes, np.ndarray] = {}
+    for plan in plans:
+        for mask in block_masks(blocks, plan):
+            found.setdefault(mask.tobytes(), mask.copy())
+    return list(found.values())
+
+
+def pattern_ranks(blocks: Blocks, patterns: list[np.ndarray], nbytes: np.ndarray) -> np.ndarray:
+    """Each pattern's place (0, 1, ...) among ``patterns`` by the bytes it saves, ties in
+    their order (``nbytes``: the problem's; every block has the first block's)."""
+    first = nbytes[blocks.start: blocks.start + blocks.period]
+    saved = [int(first[pattern].sum()) for pattern in patterns]
+    return np.argsort(np.argsort(saved, kind="stable"), kind="stable")
+
+
+def in_rank_order(blocks: Blocks, plan, patterns: list[np.ndarray], ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``plan``'s block masks (each one of ``patterns``) given to its blocks again in order of
+    rank: per block the pattern it then takes, and the saved mask of that plan."""
+    index = {pattern.tobytes(): p for p, pattern in enumerate(patterns)}
+    chosen = np.array([index[mask.tobytes()] for mask in block_masks(blocks, plan)])
+    chosen[1:-1] = sorted(chosen[1:-1], key=lambda p: ranks[p])
+    saved = plan.saved.copy()
+    for k, p in enumerate(chosen):
+        saved[blocks.start + k * blocks.period: blocks.start + (k + 1) * blocks.period] = patterns[p]
+    return chosen, saved
 
 
 def _longest_run(flags: np.ndarray) -> tuple[int, int]:

@@ -48,7 +48,8 @@ class CPSATSolver(Solver):
         starts: dict[str, Evaluation] | None = None,
     ) -> Solution:
         solution = solve_from_start(problem, budget_bytes, frugal, deadline,
-                                    lambda model, objective, start: run_cpsat(model, objective, start, deadline, self.workers),
+                                    lambda model, objective, start, until: run_cpsat(model, objective, start, until,
+                                                                                     self.workers),
                                     starts)
         solution.stats["workers"] = self.workers
         return solution

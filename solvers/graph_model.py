@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 from planner.problem import Problem
 
-__all__ = ["GraphModel", "RowBuilder", "build_graph_model", "tie_blocks", "tie_broken_objective", "seconds_bound", "MEMORY_TIE_BREAK"]
+__all__ = ["GraphModel", "RowBuilder", "build_graph_model", "choose_patterns", "tie_blocks", "tie_broken_objective", "seconds_bound", "MEMORY_TIE_BREAK"]
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,36 @@ def tie_blocks(build: RowBuilder, base: GraphModel, blocks) -> None:
         for var in (base.saved_var, base.recomputed_var):
             if var[i] >= 0 and var[j] >= 0:
                 build.add_row([var[i], var[j]], [1.0, -1.0], 0.0, 0.0)
+
+
+def choose_patterns(build: RowBuilder, base: GraphModel, blocks, patterns: list[np.ndarray],
+                    ranks: np.ndarray) -> np.ndarray:
+    """Rows making every block save as one of ``patterns`` does, the blocks in order of the
+    bytes their patterns save (a restriction).
+
+    Per block a 0/1 choice of pattern, exactly one chosen, and each saved variable of the block
+    equal to the chosen pattern's entry, ``saved[start + k * period + o] == sum_p choice[k, p] *
+    patterns[p][o]``. Recomputed variables stay free: the availability rows decide them. No
+    block takes a pattern of lower rank (:func:`solvers.blocks.pattern_ranks`: by the bytes it
+    saves) than the block before it: blocks alike but for their place would otherwise give
+    as many equal plans as orders of their choices, which no search gets through, and the
+    order kept is the one that holds least through the forward and the backward (what a
+    block saves is alive from it on in the forward and until its own backward). Returns the
+    choice variables' columns, ``(blocks.count, len(patterns))``."""
+    rank = np.asarray(ranks, dtype=float)
+    columns = np.zeros((blocks.count, len(patterns)), dtype=np.int64)
+    for k in range(blocks.count):
+        choice = columns[k] = build.add_vars(len(patterns), integral=True)
+        build.add_row(list(choice), [1.0] * len(patterns), 1.0, 1.0)
+        start = blocks.start + k * blocks.period
+        for o in range(blocks.period):
+            var = int(base.saved_var[start + o])
+            if var >= 0:
+                cols = [var] + [int(c) for c, pattern in zip(choice, patterns) if pattern[o]]
+                build.add_row(cols, [1.0] + [-1.0] * (len(cols) - 1), 0.0, 0.0)
+        if 1 < k < blocks.count - 1:
+            build.add_row([*columns[k - 1], *choice], [*rank, *(-rank)], -np.inf, 0.0)
+    return columns
 
 
 def _relevant(problem: Problem) -> np.ndarray:
