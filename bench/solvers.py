@@ -103,7 +103,8 @@ def bench(layers: list[int], budgets: list[float], time_limit: float, methods: l
     return rows
 
 
-def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit: float, repeats: int = 3) -> list[dict]:
+def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit: float | str, repeats: int = 3,
+         best_known: float | None = None) -> list[dict]:
     """Cold plan time against PyTorch's partition time on the same joint graph, each the median
     of ``repeats`` runs (a 2-core machine's single runs move by up to 2x).
 
@@ -113,6 +114,10 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
     PyTorch's: ``min_cut_rematerialization_partition`` at ``activation_memory_budget`` = the
     fraction (its own knapsack and split). Both on a fresh copy of the captured joint graph (the
     copy is not timed).
+
+    With ``best_known`` (seconds), one ``cpsat`` solve of that length per budget, warm (not
+    timed), on the same problem and budget in bytes, and every row's ``gap_to_best``: its
+    objective over the best of that solve's and every row's at the budget, less one.
     """
     import copy
     import statistics
@@ -146,7 +151,7 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
             start = time.perf_counter()
             graph_plan = solve_graph(mine, config)
             emit(mine, graph_plan.problem, graph_plan.decision.saved)
-            return time.perf_counter() - start, graph_plan.decision
+            return time.perf_counter() - start, graph_plan.decision, graph_plan.problem
 
     rows = []
     for n_layer in layers:
@@ -154,27 +159,39 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
         joint = capture(model, batch)
         for fraction in budgets:
             theirs = statistics.median(pytorch_seconds(joint, fraction) for _ in range(repeats))
+            point = []
             for solver in solvers:
                 config = PlannerConfig(memory_budget=fraction, solver=solver, estimator="flops",
                                        time_limit=time_limit, codegen="eager")
                 runs = [our_seconds(joint, config) for _ in range(repeats)]
-                seconds, d = statistics.median(r[0] for r in runs), runs[-1][1]
-                rows.append({"layers": n_layer, "joint_nodes": len(joint), "budget": fraction, "method": solver,
-                             "cold_seconds": seconds, "pytorch_partition_seconds": theirs,
-                             "ratio": seconds / theirs, "objective": d.seconds, "peak_bytes": d.peak_bytes,
-                             "status": d.status, "proven_gap": d.gap, "repeats": repeats})
-                print(_cold_row(rows[-1]), flush=True)
+                seconds, d, problem = statistics.median(r[0] for r in runs), runs[-1][1], runs[-1][2]
+                point.append({"layers": n_layer, "joint_nodes": len(joint), "budget": fraction, "method": solver,
+                              "cold_seconds": seconds, "pytorch_partition_seconds": theirs,
+                              "ratio": seconds / theirs, "objective": d.seconds, "peak_bytes": d.peak_bytes,
+                              "budget_bytes": d.budget_bytes, "status": d.status, "proven_gap": d.gap,
+                              "time_limit_s": config.solver_seconds(len(problem)), "repeats": repeats})
+                if best_known is None:
+                    print(_cold_row(point[-1]), flush=True)
+            if best_known is not None:
+                long = get_solver("cpsat", time_limit=best_known).solve(problem, point[0]["budget_bytes"])
+                best = min([long.seconds] + [r["objective"] for r in point])
+                for r in point:
+                    r.update(gap_to_best=r["objective"] / best - 1, best_known=best, best_known_status=long.status,
+                             best_known_seconds=best_known)
+                    print(_cold_row(r), flush=True)
+            rows += point
     return rows
 
 
-COLD_HEADER = ("| layers | joint nodes | budget | method | cold plan s | PyTorch partition s | ratio | status | proven gap |\n"
-               "|---|---|---|---|---|---|---|---|---|")
+COLD_HEADER = ("| layers | joint nodes | budget | method | cold plan s | PyTorch partition s | ratio | status | proven gap "
+               "| gap to best known |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _cold_row(r: dict) -> str:
     proven = "-" if r["proven_gap"] is None else f"{r['proven_gap']:.2%}"
     return (f"| {r['layers']} | {r['joint_nodes']} | {r['budget']} | {r['method']} | {r['cold_seconds']:.3f} "
-            f"| {r['pytorch_partition_seconds']:.3f} | {r['ratio']:.2f}x | {r['status']} | {proven} |")
+            f"| {r['pytorch_partition_seconds']:.3f} | {r['ratio']:.2f}x | {r['status']} | {proven} "
+            f"| {'-' if 'gap_to_best' not in r else format(r['gap_to_best'], '.2%')} |")
 
 
 HEADER = ("| layers | joint nodes | budget | method | plan time s | objective (estimated µs) "
@@ -190,28 +207,40 @@ def _row(r: dict) -> str:
             f"{r['objective'] * 1e6:.3f} | {r['gap_to_best']:.2%} | {status} | {proven} |")
 
 
+def _seconds(text: str) -> float | str:
+    return text if text == "auto" else float(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Compare solvers on the built-in GPT.")
     parser.add_argument("--layers", type=int, nargs="+", default=[4, 12, 48])
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.8])
-    parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per solve (default 30)")
+    parser.add_argument("--time-limit", type=_seconds, default=None,
+                        help="seconds per solve (default 30; --cold: auto, the planner's default)")
     parser.add_argument("--methods", nargs="+", help="only these methods (default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS / "solvers.json")
     parser.add_argument("--cold", action="store_true",
                         help="cold plan time (empty cache, budget resolution included) against PyTorch's partition "
                              "time, per solver of --methods (default greedy dp mincut cpsat ilp)")
     parser.add_argument("--repeats", type=int, default=3, help="--cold: runs per point, the median reported (default 3)")
+    parser.add_argument("--best-known", type=float, default=None,
+                        help="--cold: seconds of one cpsat solve per budget, for each row's gap to the best plan known")
     args = parser.parse_args(argv)
     if args.cold:
+        args.time_limit = "auto" if args.time_limit is None else args.time_limit
         print(COLD_HEADER, flush=True)
         rows = cold(args.layers, args.budgets, args.methods or ["greedy", "dp", "mincut", "cpsat", "ilp"], args.time_limit,
-                    args.repeats)
+                    args.repeats, args.best_known)
         out = args.out.with_name(args.out.stem + "-cold.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"meta": {"torch": torch.__version__, "cpus": os.cpu_count(),
-                                            "time_limit": args.time_limit, "repeats": args.repeats}, "rows": rows}, indent=1))
+                                            "time_limit": args.time_limit, "repeats": args.repeats,
+                                            "best_known": args.best_known}, "rows": rows}, indent=1))
         print(f"wrote {out}")
         return
+    args.time_limit = 30.0 if args.time_limit is None else args.time_limit
+    if args.time_limit == "auto":
+        parser.error("--time-limit auto is for --cold; give seconds")
     print(HEADER, flush=True)
     rows = bench(args.layers, args.budgets, args.time_limit, args.methods)
     args.out.parent.mkdir(parents=True, exist_ok=True)

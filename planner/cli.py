@@ -40,6 +40,16 @@ def _model_and_inputs(spec: str):
     return made
 
 
+def _seconds(text: str) -> float | str:
+    """``--time-limit``: a number of seconds, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or auto") from None
+
+
 def _config(args: argparse.Namespace):
     from planner.config import PlannerConfig
 
@@ -89,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("factory", help="MODULE:FACTORY returning (model, example_inputs)")
         p.add_argument("--config", type=Path, help="TOML or YAML settings; flags override them")
-        p.add_argument("--time-limit", type=float, default=None, help="seconds per solve")
+        p.add_argument("--time-limit", type=_seconds, default=None,
+                       help="seconds per solve, or auto (default: 10 ms per node of the graph's problem, 5-60 s)")
 
     p = sub.add_parser("plan", help="plan one model, print the summary, optionally write the plan file")
     common(p)

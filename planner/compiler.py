@@ -68,10 +68,11 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
     """
 
     def solve(problem: Problem) -> Decision:
-        solver = get_solver(config.solver, time_limit=config.time_limit, **config.solver_options)
+        seconds = config.solver_seconds(len(problem))
+        solver = get_solver(config.solver, time_limit=seconds, **config.solver_options)
         budget = config.budget
         exact = exact_frugal_search(config, solver, problem, held_bytes)
-        least = min_peak_plan(problem, config.time_limit) if exact else None
+        least = min_peak_plan(problem, seconds) if exact else None
         split, theirs = (pytorch_split(joint, problem) if budget.fraction is not None and config.fast_end == "pytorch"
                          else (None, {}))
         nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None, theirs.get(PYTORCH_PEAK))
@@ -148,9 +149,10 @@ def frugal_floor(config: PlannerConfig, problem: Problem, held_bytes: int = 0) -
     """The frugal end (budget 0) that planning this graph with ``config`` uses: the exact
     least-peak plan where :func:`exact_frugal_search` says it runs (kept once searched), else the
     frugal reference."""
-    solver = get_solver(config.solver, time_limit=config.time_limit, **config.solver_options)
+    seconds = config.solver_seconds(len(problem))
+    solver = get_solver(config.solver, time_limit=seconds, **config.solver_options)
     if exact_frugal_search(config, solver, problem, held_bytes):
-        return min_peak_plan(problem, config.time_limit).plan
+        return min_peak_plan(problem, seconds).plan
     return reference_plan(problem)
 
 

@@ -10,10 +10,15 @@ from planner.budget import Budget
 from planner.tracing import CODEGENS
 from planner.errors import ConfigError
 
-__all__ = ["PlannerConfig", "FRUGAL_SEARCHES", "FAST_ENDS"]
+__all__ = ["PlannerConfig", "FRUGAL_SEARCHES", "FAST_ENDS", "AUTO_TIME_LIMIT"]
 
 FRUGAL_SEARCHES = ("auto", "exact", "reference")
 FAST_ENDS = ("pytorch", "model")
+# time_limit="auto": seconds per node of the graph's problem, and the least and most seconds.
+# PyTorch's own partition takes about 1.6 ms per node on a 2-core CPU (built-in GPT, 12 and 48
+# layers); the exact solvers' heuristics and block programs come within 1% of the best plans
+# known there in about this time.
+AUTO_TIME_LIMIT = (0.01, 5.0, 60.0)
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,9 @@ class PlannerConfig:
     solver : name of a registered solver (see ``solvers.available_solvers()``).
     estimator : name of a registered estimator (see ``estimators.available_estimators()``); the
         default ``auto`` prices graphs on CUDA with ``roofline`` and others with ``flops``.
-    time_limit : seconds a solver may spend on one graph.
+    time_limit : seconds a solver may spend on one graph, or ``"auto"`` (the default): 10 ms per
+        node of the graph's problem (its forward nodes), at least 5 s and at most 60 s
+        (:meth:`solver_seconds`).
     codegen : ``"inductor"`` (compiled kernels) or ``"eager"`` (op by op, for debugging).
     solver_options, estimator_options : extra keyword arguments for the solver / estimator.
     inductor_options : inductor config settings for planned graphs, over the planner's own
@@ -53,7 +60,7 @@ class PlannerConfig:
     memory_budget: float | int | str = 1.0
     solver: str = "cpsat"
     estimator: str = "auto"
-    time_limit: float = 60.0
+    time_limit: float | str = "auto"
     codegen: str = "inductor"
     solver_options: dict[str, Any] = field(default_factory=dict)
     estimator_options: dict[str, Any] = field(default_factory=dict)
@@ -72,8 +79,9 @@ class PlannerConfig:
         _check_choice("codegen", self.codegen, list(CODEGENS))
         _check_choice("frugal_search", self.frugal_search, list(FRUGAL_SEARCHES))
         _check_choice("fast_end", self.fast_end, list(FAST_ENDS))
-        if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or not self.time_limit > 0:
-            raise ConfigError(f"time_limit={self.time_limit!r} is invalid; give a positive number of seconds")
+        if self.time_limit != "auto" and (isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float))
+                                          or not self.time_limit > 0):
+            raise ConfigError(f"time_limit={self.time_limit!r} is invalid; give a positive number of seconds or \"auto\"")
         if not isinstance(self.replan, bool):
             raise ConfigError(f"replan={self.replan!r} is invalid; give true or false")
         for name in ("solver_options", "estimator_options", "inductor_options"):
@@ -83,6 +91,14 @@ class PlannerConfig:
     @property
     def budget(self) -> Budget:
         return self.memory_budget  # parsed in __post_init__
+
+    def solver_seconds(self, problem_nodes: int) -> float:
+        """The time limit for one graph whose problem has ``problem_nodes`` nodes: ``time_limit``,
+        or for ``"auto"`` :data:`AUTO_TIME_LIMIT`'s seconds per node, clipped to its range."""
+        if self.time_limit != "auto":
+            return float(self.time_limit)
+        per_node, least, most = AUTO_TIME_LIMIT
+        return min(most, max(least, per_node * problem_nodes))
 
     def replace(self, **changes: Any) -> "PlannerConfig":
         """A copy with some fields changed (validated again)."""

@@ -37,6 +37,7 @@ def test_compare_writes_table_and_plot(tmp_path, capsys):
     (["plan", "tests.test_cli:tiny_gpt", "--budget", "7"], 1, "memory_budget=7.0 is out of range"),
     (["compare", "tests.test_cli:tiny_gpt", "--solvers", "magic"], 2, "invalid choice: 'magic'"),
     (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+    (["plan", "tests.test_cli:tiny_gpt", "--time-limit", "soon"], 2, "'soon' is not a number of seconds or auto"),
 ])
 def test_bad_arguments_exit_non_zero_with_a_message(argv, code, message, capsys):
     try:

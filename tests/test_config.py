@@ -39,6 +39,7 @@ def test_yaml_file(tmp_path):
         ("codegen.toml", 'codegen = "tvm"', "codegen='tvm' is not allowed; choose one of: eager, inductor"),
         ("fast_end.toml", 'fast_end = "torch"', "fast_end='torch' is not allowed; choose one of: pytorch, model"),
         ("limit.toml", "time_limit = -1", "time_limit=-1 is invalid"),
+        ("limit_text.toml", 'time_limit = "soon"', "time_limit='soon' is invalid; give a positive number of seconds or \"auto\""),
         ("budget.toml", "memory_budget = 3.5", "memory_budget=3.5 is out of range"),
         ("options.toml", 'solver_options = "fast"', "solver_options must be a table"),
         ("list.yaml", "- 1\n- 2", "expected a table of planner settings"),
@@ -63,3 +64,16 @@ def test_plan_takes_a_config_as_its_third_argument():
     model, batch = gpt_example(GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=8, vocab=32, batch=2))
     result = planner.plan(model, batch, PlannerConfig(memory_budget=0.0, solver="greedy"))
     assert result.config.solver == "greedy" and result.config.budget.fraction == 0.0
+
+
+def test_auto_time_limit_scales_with_the_problem_within_its_range():
+    from planner.config import AUTO_TIME_LIMIT
+
+    per_node, least, most = AUTO_TIME_LIMIT
+    auto = PlannerConfig()
+    assert auto.time_limit == "auto"
+    assert auto.solver_seconds(10) == least and auto.solver_seconds(10**7) == most
+    middle = int((least + most) / 2 / per_node)
+    assert auto.solver_seconds(middle) == pytest.approx(per_node * middle)
+    assert auto.solver_seconds(2 * middle) > auto.solver_seconds(middle)
+    assert PlannerConfig(time_limit=7).solver_seconds(10**7) == 7.0
