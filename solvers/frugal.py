@@ -59,7 +59,8 @@ def min_peak_plan(problem: Problem, time_limit: float = 60.0) -> FrugalPlan:
     Complexity: a CP-SAT program per round of added memory rows.
     """
     key = memory_key(problem)
-    if key not in _FOUND:
+    kept = _FOUND.get(key)
+    if kept is None or not (kept[0].optimal or kept[1] >= time_limit):  # the process's, by the file's rule
         path = default_cache_dir() / f"frugal-{key[:32]}.json"
         cached, searched_for = _read_cached(problem, key, path)
         if cached is not None and (cached.optimal or searched_for >= time_limit):
@@ -68,18 +69,20 @@ def min_peak_plan(problem: Problem, time_limit: float = 60.0) -> FrugalPlan:
             found = _min_peak_plan(problem, float(time_limit))
             if cached is not None and cached.plan.peak_bytes < found.plan.peak_bytes:
                 found = replace(cached, stats={**cached.stats, "searched_again": found.stats})
+            searched_for = max(float(time_limit), searched_for)
             write_json(path, {"key": key, "saved": np.flatnonzero(found.plan.saved).tolist(),
                               "peak_bytes": int(found.plan.peak_bytes), "optimal": bool(found.optimal),
-                              "searched_for": max(float(time_limit), searched_for), "seconds": found.seconds})
-        _FOUND[key] = found
-    found = _FOUND[key]
+                              "searched_for": searched_for, "seconds": found.seconds})
+        _FOUND[key] = (found, searched_for)
+    found = _FOUND[key][0]
     # The same saved set, costed with this problem's runtimes and save costs.
     return replace(found, plan=evaluate(problem, found.plan.saved))
 
 
-# One answer per memory model (the first search's), so every budget and every estimator of a
-# graph share one frugal end. The least peak does not depend on runtimes.
-_FOUND: dict[str, FrugalPlan] = {}
+# One answer per memory model (searched again for a longer time limit unless proven least), so
+# every budget and every estimator of a graph share one frugal end. The least peak does not
+# depend on runtimes.
+_FOUND: dict[str, tuple[FrugalPlan, float]] = {}  # key -> the answer, seconds searched for
 
 
 def _read_cached(problem: Problem, key: str, path: Path) -> tuple[FrugalPlan | None, float]:

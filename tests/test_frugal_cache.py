@@ -97,3 +97,20 @@ def test_a_damaged_or_stale_file_is_searched_again_and_replaced(cache, monkeypat
             found = frugal.min_peak_plan(PROBLEM)
     assert searched == [60.0] and found.plan.peak_bytes == first.plan.peak_bytes
     assert json.loads(path.read_text())["peak_bytes"] == first.plan.peak_bytes
+
+
+def test_a_longer_time_limit_searches_again_in_the_same_process(cache, monkeypatch):
+    problem = random_problem(3, 14)
+    calls = []
+    search = frugal._min_peak_plan
+
+    def unproven_then_real(problem, time_limit):  # the first search stops short of a proof
+        calls.append(time_limit)
+        found = search(problem, time_limit)
+        return replace(found, optimal=False) if len(calls) == 1 else found
+
+    monkeypatch.setattr(frugal, "_min_peak_plan", unproven_then_real)
+    assert not frugal.min_peak_plan(problem, 1.0).optimal
+    assert not frugal.min_peak_plan(problem, 0.5).optimal and calls == [1.0]  # searched for long enough
+    assert frugal.min_peak_plan(problem, 30.0).optimal and calls == [1.0, 30.0]
+    assert frugal.min_peak_plan(problem, 60.0).optimal and calls == [1.0, 30.0]  # proven: kept
