@@ -210,14 +210,17 @@ def _block_search(problem: Problem, budget_bytes: int, blocks, best: tuple[str, 
         ordered = evaluate(problem, saved)  # the start with its blocks in the program's order
         if ordered.peak_bytes <= budget_bytes and ordered.seconds <= start.seconds:
             start = ordered
+        else:  # the start as it is: a hint of its saved values alone
+            chosen = None
         columns = []
 
         def restrict(build, base):
             columns.append(choose_patterns(build, base, blocks, patterns, ranks))
 
         def run(model, objective, vector):  # the ordered start's choices complete its vector
-            vector = vector.copy()
-            vector[columns[0][np.arange(blocks.count), chosen]] = 1.0
+            if chosen is not None:
+                vector = vector.copy()
+                vector[columns[0][np.arange(blocks.count), chosen]] = 1.0
             return backend(model, objective, vector, until)
 
         mixed = within_peak(problem, budget_bytes, start, until, run, restrict=restrict, steps=steps)
