@@ -31,6 +31,7 @@ from estimators import get_estimator
 from planner import _torch_compat
 from planner.bounds import min_memory_plan
 from planner.budget import Budget
+from planner.cli import time_limit_arg
 from planner.build import build_problem
 from planner.errors import SolverError
 from planner.models import GPTConfig, gpt_example
@@ -207,15 +208,11 @@ def _row(r: dict) -> str:
             f"{r['objective'] * 1e6:.3f} | {r['gap_to_best']:.2%} | {status} | {proven} |")
 
 
-def _seconds(text: str) -> float | str:
-    return text if text == "auto" else float(text)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Compare solvers on the built-in GPT.")
     parser.add_argument("--layers", type=int, nargs="+", default=[4, 12, 48])
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.8])
-    parser.add_argument("--time-limit", type=_seconds, default=None,
+    parser.add_argument("--time-limit", type=time_limit_arg, default=None,
                         help="seconds per solve (default 30; --cold: auto, the planner's default)")
     parser.add_argument("--methods", nargs="+", help="only these methods (default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS / "solvers.json")

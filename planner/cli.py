@@ -40,7 +40,7 @@ def _model_and_inputs(spec: str):
     return made
 
 
-def _seconds(text: str) -> float | str:
+def time_limit_arg(text: str) -> float | str:
     """``--time-limit``: a number of seconds, or ``auto``."""
     if text == "auto":
         return text
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("factory", help="MODULE:FACTORY returning (model, example_inputs)")
         p.add_argument("--config", type=Path, help="TOML or YAML settings; flags override them")
-        p.add_argument("--time-limit", type=_seconds, default=None,
+        p.add_argument("--time-limit", type=time_limit_arg, default=None,
                        help="seconds per solve, or auto (default: 10 ms per node of the graph's problem, 5-60 s)")
 
     p = sub.add_parser("plan", help="plan one model, print the summary, optionally write the plan file")

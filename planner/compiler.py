@@ -68,11 +68,10 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
     """
 
     def solve(problem: Problem) -> Decision:
-        seconds = config.solver_seconds(len(problem))
-        solver = get_solver(config.solver, time_limit=seconds, **config.solver_options)
+        solver = configured_solver(config, problem)
         budget = config.budget
         exact = exact_frugal_search(config, solver, problem, held_bytes)
-        least = min_peak_plan(problem, seconds) if exact else None
+        least = min_peak_plan(problem, solver.time_limit) if exact else None
         split, theirs = (pytorch_split(joint, problem) if budget.fraction is not None and config.fast_end == "pytorch"
                          else (None, {}))
         nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None, theirs.get(PYTORCH_PEAK))
@@ -130,6 +129,12 @@ def pytorch_split_plan(joint: JointGraph, problem: Problem) -> Evaluation:
     return named_plan(problem, names)
 
 
+def configured_solver(config: PlannerConfig, problem: Problem) -> Solver:
+    """The solver ``config`` names, with its options and its time limit for ``problem``
+    (:meth:`PlannerConfig.solver_seconds`)."""
+    return get_solver(config.solver, time_limit=config.solver_seconds(len(problem)), **config.solver_options)
+
+
 def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem, held_bytes: int = 0) -> bool:
     """Whether planning this graph runs the exact least-peak search (``config.frugal_search``):
     where it changes the answer, budget 0 with an exact solver or an absolute budget below the
@@ -149,10 +154,9 @@ def frugal_floor(config: PlannerConfig, problem: Problem, held_bytes: int = 0) -
     """The frugal end (budget 0) that planning this graph with ``config`` uses: the exact
     least-peak plan where :func:`exact_frugal_search` says it runs (kept once searched), else the
     frugal reference."""
-    seconds = config.solver_seconds(len(problem))
-    solver = get_solver(config.solver, time_limit=seconds, **config.solver_options)
+    solver = configured_solver(config, problem)
     if exact_frugal_search(config, solver, problem, held_bytes):
-        return min_peak_plan(problem, seconds).plan
+        return min_peak_plan(problem, solver.time_limit).plan
     return reference_plan(problem)
 
 

@@ -15,9 +15,9 @@ __all__ = ["PlannerConfig", "FRUGAL_SEARCHES", "FAST_ENDS", "AUTO_TIME_LIMIT"]
 FRUGAL_SEARCHES = ("auto", "exact", "reference")
 FAST_ENDS = ("pytorch", "model")
 # time_limit="auto": seconds per node of the graph's problem, and the least and most seconds.
-# PyTorch's own partition takes about 1.6 ms per node on a 2-core CPU (built-in GPT, 12 and 48
-# layers); the exact solvers' heuristics and block programs come within 1% of the best plans
-# known there in about this time.
+# PyTorch's own partition takes 0.5-1.6 ms per node on a 2-core CPU (built-in GPT, 12 and 48
+# layers, budgets 0.1-0.8); in this time CP-SAT's plans there came within 1% of the best known
+# (docs/solvers-cold-exact.md).
 AUTO_TIME_LIMIT = (0.01, 5.0, 60.0)
 
 

@@ -84,10 +84,9 @@ def find_blocks(problem: Problem, min_count: int = 2, min_cover: float = 0.5) ->
     return best
 
 
-def block_masks(blocks: Blocks, plan) -> list[np.ndarray]:
-    """Per block, the saved mask ``plan`` (an evaluation) makes over its nodes, as a mask over
-    offsets ``0 .. period - 1``."""
-    return [plan.saved[blocks.start + k * blocks.period: blocks.start + (k + 1) * blocks.period]
+def block_masks(blocks: Blocks, saved: np.ndarray) -> list[np.ndarray]:
+    """Per block, the part of a saved mask over its nodes (views: offsets ``0 .. period - 1``)."""
+    return [saved[blocks.start + k * blocks.period: blocks.start + (k + 1) * blocks.period]
             for k in range(blocks.count)]
 
 
@@ -95,7 +94,7 @@ def block_patterns(blocks: Blocks, plans) -> list[np.ndarray]:
     """The distinct block masks (:func:`block_masks`) of ``plans``, in first-seen order."""
     found: dict[bytes, np.ndarray] = {}
     for plan in plans:
-        for mask in block_masks(blocks, plan):
+        for mask in block_masks(blocks, plan.saved):
             found.setdefault(mask.tobytes(), mask.copy())
     return list(found.values())
 
@@ -112,11 +111,11 @@ def in_rank_order(blocks: Blocks, plan, patterns: list[np.ndarray], ranks: np.nd
     """``plan``'s block masks (each one of ``patterns``) given to its blocks again in order of
     rank: per block the pattern it then takes, and the saved mask of that plan."""
     index = {pattern.tobytes(): p for p, pattern in enumerate(patterns)}
-    chosen = np.array([index[mask.tobytes()] for mask in block_masks(blocks, plan)])
+    chosen = np.array([index[mask.tobytes()] for mask in block_masks(blocks, plan.saved)])
     chosen[1:-1] = sorted(chosen[1:-1], key=lambda p: ranks[p])
     saved = plan.saved.copy()
-    for k, p in enumerate(chosen):
-        saved[blocks.start + k * blocks.period: blocks.start + (k + 1) * blocks.period] = patterns[p]
+    for mask, p in zip(block_masks(blocks, saved), chosen):
+        mask[:] = patterns[p]
     return chosen, saved
 
 

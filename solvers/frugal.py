@@ -60,10 +60,10 @@ def min_peak_plan(problem: Problem, time_limit: float = 60.0) -> FrugalPlan:
     """
     key = memory_key(problem)
     kept = _FOUND.get(key)
-    if kept is None or not (kept[0].optimal or kept[1] >= time_limit):  # the process's, by the file's rule
+    if kept is None or not _answers(*kept, time_limit):
         path = default_cache_dir() / f"frugal-{key[:32]}.json"
         cached, searched_for = _read_cached(problem, key, path)
-        if cached is not None and (cached.optimal or searched_for >= time_limit):
+        if cached is not None and _answers(cached, searched_for, time_limit):
             found = cached
         else:
             found = _min_peak_plan(problem, float(time_limit))
@@ -83,6 +83,12 @@ def min_peak_plan(problem: Problem, time_limit: float = 60.0) -> FrugalPlan:
 # every budget and every estimator of a graph share one frugal end. The least peak does not
 # depend on runtimes.
 _FOUND: dict[str, tuple[FrugalPlan, float]] = {}  # key -> the answer, seconds searched for
+
+
+def _answers(found: FrugalPlan, searched_for: float, time_limit: float) -> bool:
+    """Whether an answer kept (in the process or on disk) stands for a search of ``time_limit``
+    seconds: it is proven least, or was searched for at least that long."""
+    return found.optimal or searched_for >= time_limit
 
 
 def _read_cached(problem: Problem, key: str, path: Path) -> tuple[FrugalPlan | None, float]:

@@ -43,7 +43,7 @@ def test_tied_program_decides_alike_in_every_block_and_fits():
 
 
 def _block_masks(plan, blocks):
-    return [mask.tobytes() for mask in block_masks(blocks, plan)]
+    return [mask.tobytes() for mask in block_masks(blocks, plan.saved)]
 
 
 def test_block_patterns_are_the_distinct_block_masks_of_the_plans():
