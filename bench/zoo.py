@@ -194,12 +194,14 @@ def write(rows: list[dict], out: Path, device: str, torch_version: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from bench.zoo_models import MODELS
+    from planner.cli import time_limit_arg
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["gpt2", "llama", "vit", "resnet50"])
     parser.add_argument("--budgets", type=float, nargs="+", default=BUDGETS)
     parser.add_argument("--torch-budgets", type=float, nargs="+", default=TORCH_BUDGETS)
-    parser.add_argument("--time-limit", type=float, default=10.0, help="the planner's seconds per solve")
+    parser.add_argument("--time-limit", type=time_limit_arg, default="auto",
+                        help="the planner's seconds per solve (default auto, the planner's default)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--matched", action=argparse.BooleanOptionalAction, default=True,
