@@ -22,7 +22,7 @@ from planner.config import PlannerConfig
 from planner.decision import Decision
 from planner.decisions import decision_key, reuse_or_solve
 from planner.distributed import agree_on_graph, decide_on_rank0
-from planner.emit import emit
+from planner.emit import Transfer, emit
 from planner.errors import PlanFileError
 from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph
@@ -279,7 +279,8 @@ class PlannerBackend:
                 f"the compiled graph (fingerprint {joint.fingerprint}) is not the one the plan was made for "
                 f"({self.fixed.fingerprint}); the model, its input shapes or the codegen changed, so plan again"
             )
-        forward, backward = emit(joint, graph_plan.problem, graph_plan.decision.saved)
+        decision = graph_plan.decision
+        forward, backward = emit(joint, graph_plan.problem, decision.saved, {n: Transfer() for n in decision.offloaded})
         timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=self.config.codegen == "inductor")
         if self._replanning is not None and part is not None and part.index >= 0:  # replaces its earlier plan
             self.graphs[part.index], self.timelines[part.index] = graph_plan, timeline

@@ -35,6 +35,8 @@ class Decision:
     stats : solver-specific figures (e.g. the dp quantum and its knapsack bound).
     save_seconds : estimated time spent writing the saved values and reading them back, seconds
         (0 with estimators that do not price memory traffic).
+    offloaded : names of saved nodes handed to the backward in host memory instead of device
+        memory (copied out after the forward's last reader, back before the backward's first).
     """
 
     saved: tuple[str, ...]
@@ -48,6 +50,7 @@ class Decision:
     solve_seconds: float
     stats: dict[str, Any] = field(default_factory=dict)
     save_seconds: float = 0.0
+    offloaded: tuple[str, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -55,11 +58,11 @@ class Decision:
         return self.recompute_seconds + self.save_seconds
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"saved": list(self.saved)}
+        return asdict(self) | {"saved": list(self.saved), "offloaded": list(self.offloaded)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Decision":
-        return cls(**(data | {"saved": tuple(data["saved"])}))
+        return cls(**(data | {"saved": tuple(data["saved"]), "offloaded": tuple(data.get("offloaded", ()))}))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)

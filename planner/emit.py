@@ -3,7 +3,10 @@
 The forward computes its outputs and the saved values; the backward recomputes every other
 forward value it reads, each just before its first use, as the autograd engine would order it.
 Random ops that are recomputed replay the RNG state the forward saved for them, so dropout masks
-are bit-identical.
+are bit-identical. A saved value may instead be offloaded (:mod:`planner.offload_ops`): the
+forward copies it to host memory as soon as it is made and waits for the copy after its last
+forward reader, which frees it there; the backward copies it back ahead of its first reader and
+waits for that copy just before the reader.
 """
 from __future__ import annotations
 
@@ -14,19 +17,23 @@ import torch
 import torch.fx as fx
 
 from planner import _torch_compat
+from planner.offload_ops import OFFLOAD, RELOAD, WAIT
 from planner.graph import JointGraph
-from planner.ops import aliased_input, first_tensor, is_getitem, is_random, view_base
+from planner.ops import aliased_input, first_tensor, is_getitem, is_random, view_base, written_input
 from planner.problem import Problem, evaluate_names
 
-__all__ = ["emit"]
+__all__ = ["emit", "Transfer", "offloadable"]
 
 
-def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...]) -> tuple[fx.GraphModule, fx.GraphModule]:
+def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...],
+         offloaded: dict[str, Transfer] | None = None) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward modules saving exactly ``saved`` (names of forward nodes).
 
-    The joint graph is rewritten in place (it is consumed). The modules follow AOTAutograd's
-    calling convention: the forward returns its outputs, then the saved tensors, then saved
-    sizes; the backward takes the saved values and the tangents and returns the gradients.
+    ``offloaded`` maps saved names to how they are offloaded (:class:`Transfer`); the forward
+    hands those to the backward in host memory. The joint graph is rewritten in place (it is
+    consumed). The modules follow AOTAutograd's calling convention: the forward returns its
+    outputs, then the saved tensors, then saved sizes; the backward takes the saved values and
+    the tangents and returns the gradients.
     """
     result = evaluate_names(problem, saved)
     by_name = {node.name: node for node in joint.graph.nodes}
@@ -35,6 +42,7 @@ def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...]) -> tuple[f
     replays = _save_rng_states(joint, recomputed)
     recomputed = {replays[n].value if n in replays else n for n in recomputed}
     _insert_recomputation(joint, recomputed, {r.value: r for r in replays.values()})
+    kept = _insert_transfers(joint, kept, offloaded or {})
     saved_values, saved_syms = _saved_values(joint, kept, [r.state for r in replays.values()])
     joint.graph.lint()
     joint.module.recompile()
@@ -110,6 +118,78 @@ def _insert_recomputation(joint: JointGraph, recomputed: set[fx.Node], replays: 
     for user in backward:
         user.args = fx.map_arg(user.args, lambda a: copy_of(a, user))
         user.kwargs = fx.map_arg(user.kwargs, lambda a: copy_of(a, user))
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Where one offloaded value's copies meet compute: the forward waits for the copy to host
+    after ``wait_after`` (a forward node; None: the value's last forward reader, or the copy
+    itself), and the backward starts the copy back before ``reload_before`` (a backward node;
+    None: the value's first backward reader, where it is waited for in any case)."""
+
+    wait_after: str | None = None
+    reload_before: str | None = None
+
+
+def offloadable(node: fx.Node) -> bool:
+    """Whether a saved node can be offloaded: a tensor that owns its storage, that no other
+    value shares (no view of it, nothing written into it) and that the graph does not return
+    (a forward output stays alive for the caller), so its copy holds all of it and freeing it
+    after the copy frees its bytes."""
+    def shares(a: fx.Node, b: fx.Node) -> bool:
+        return aliased_input(a) is b or written_input(a) is b
+
+    return (node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor)
+            and aliased_input(node) is None and written_input(node) is None
+            and not any(user.op == "output" or shares(user, node) for user in node.users))
+
+
+def _insert_transfers(joint: JointGraph, kept: list[fx.Node], offloaded: dict[str, Transfer]) -> list[fx.Node]:
+    """Offload the kept nodes named in ``offloaded``; returns the forward's saved nodes, each
+    offloaded one replaced by its host copy."""
+    if not offloaded:
+        return kept
+    graph = joint.graph
+    by_name = {n.name: n for n in graph.nodes}
+    unknown = sorted(set(offloaded) - {k.name for k in kept})
+    if unknown:
+        raise ValueError(f"offloaded values must be saved by the plan; not saved: {', '.join(unknown)}")
+    forward = set(joint.forward_nodes)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    swapped = {}
+    for value in [k for k in kept if k.name in offloaded]:
+        if not offloadable(value):
+            raise ValueError(f"{value.name} cannot be offloaded: it shares its storage with another value "
+                             "(a view of it, or a value written into it)")
+        how = offloaded[value.name]
+        readers = [u for u in value.users if u in forward]
+        backward = sorted((u for u in value.users if u not in forward), key=order.__getitem__)
+        with graph.inserting_after(value):
+            copy = graph.call_function(OFFLOAD, (value,))
+        copy.meta = {"val": OFFLOAD(value.meta["val"]), "partitioner_tag": "is_forward", "offload": "forward"}
+        after = by_name[how.wait_after] if how.wait_after else max(readers, key=order.__getitem__, default=copy)
+        with graph.inserting_after(after):
+            host = graph.call_function(WAIT, (copy, value))
+        host.meta = dict(copy.meta)
+        if not backward:
+            swapped[value] = host
+            continue
+        first = backward[0]
+        before = by_name[how.reload_before] if how.reload_before else first
+        if order[before] > order[first]:
+            raise ValueError(f"{value.name} is reloaded before {before.name}, after its first backward reader {first.name}")
+        val = value.meta["val"]
+        with graph.inserting_before(before):
+            back = graph.call_function(RELOAD, (host, val.device, list(val.size()), list(val.stride())))
+        with graph.inserting_before(first):
+            ready = graph.call_function(WAIT, (back,))
+        back.meta = {"val": RELOAD(host.meta["val"], val.device, list(val.size()), list(val.stride())),
+                     "partitioner_tag": "is_backward", "offload": "backward", "recomputed": True}
+        ready.meta = dict(back.meta)
+        for user in backward:
+            user.replace_input_with(value, ready)
+        swapped[value] = host
+    return [swapped.get(k, k) for k in kept]
 
 
 def _view_of_kept(node: fx.Node, recomputed: set[fx.Node]) -> bool:

@@ -4,6 +4,8 @@ Both follow the same rules, read from node metadata:
 
 * a view (and a getitem of a view op) shares its base's storage, and an in-place op's result
   the storage it wrote; a multi-output op allocates one storage per tensor output when it runs;
+* an offloaded value's host copy takes no device memory, and the value is freed after the wait
+  for that copy (its last reader); its copy back is allocated when the backward starts it;
 * a storage is freed right after its last reader (inductor and fx code both drop references
   at last use); inputs and parameters are held before the step and never counted;
 * forward outputs the caller keeps, and the gradients the backward returns, live to the end;
@@ -45,6 +47,7 @@ import torch
 import torch.fx as fx
 
 from planner.graph import JointGraph
+from planner.offload_ops import OFFLOAD
 from planner.ops import aliased_input, is_getitem, storage_bytes, written_input
 from planner.schedule import Schedule
 
@@ -114,8 +117,8 @@ def readers(node: fx.Node) -> list[fx.Node]:
 def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool) -> int:
     """Bytes written to memory for ``node``'s own storage, given the nodes that read it."""
     val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or _shared_input(node) is not None:
-        return 0
+    if not isinstance(val, torch.Tensor) or _shared_input(node) is not None or node.target is OFFLOAD:
+        return 0  # a view, an in-place result, or a copy in host memory
     if fuse and _inlined(node, reading):
         return 0
     return storage_bytes(val)

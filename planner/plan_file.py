@@ -75,9 +75,13 @@ def read_plan_file(path: str | Path) -> PlanFile:
 
 def _decision(data: Any, path: Path) -> Decision:
     names = {f.name for f in fields(Decision)}
-    if not isinstance(data, dict) or not names <= set(data) or not isinstance(data.get("saved"), list):
-        raise PlanFileError(f"plan file {path} has a malformed decision (expected the fields {', '.join(sorted(names))})")
+    required = names - {"offloaded"}  # files from before offloading have none
+    if not isinstance(data, dict) or not required <= set(data) or not isinstance(data.get("saved"), list):
+        raise PlanFileError(f"plan file {path} has a malformed decision (expected the fields {', '.join(sorted(required))})")
+    offloaded = data.get("offloaded", [])
+    if not isinstance(offloaded, list) or not set(offloaded) <= set(data["saved"]):
+        raise PlanFileError(f"plan file {path} has a malformed decision: \"offloaded\" must list saved values")
     try:
-        return Decision.from_dict({k: data[k] for k in names})
+        return Decision.from_dict({k: data[k] for k in names if k in data})
     except (TypeError, ValueError) as err:
         raise PlanFileError(f"plan file {path} has a malformed decision: {err}") from None

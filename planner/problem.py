@@ -137,13 +137,15 @@ class Evaluation:
         return self.recompute_seconds + self.save_seconds
 
 
-def evaluate(problem: Problem, saved: np.ndarray) -> Evaluation:
+def evaluate(problem: Problem, saved: np.ndarray, offloaded: np.ndarray | None = None) -> Evaluation:
     """Follow the backward's needs from a saved set: what must be recomputed, and what it costs.
 
     Parameters
     ----------
     problem : Problem
     saved : bool array, one entry per node; True where the node is saved.
+    offloaded : bool array marking saved nodes kept in host memory between the forward and the
+        backward (:func:`planner.schedule.profile`); the peak counts them off the device there.
 
     Raises
     ------
@@ -167,7 +169,10 @@ def evaluate(problem: Problem, saved: np.ndarray) -> Evaluation:
             f"recomputed ({problem.must_save_reason.get(i, 'not recomputable')})"
         )
     memory = int(problem.nbytes[used].sum()) + _rng_bytes(problem, recomputed)
-    peak = _profile(problem, used, recomputed).peak
+    if offloaded is not None and (np.asarray(offloaded, dtype=bool) & ~saved).any():
+        i = int(np.flatnonzero(np.asarray(offloaded, dtype=bool) & ~saved)[0])
+        raise InfeasibleDecision(f"node {problem.names[i]} is offloaded but not saved; only saved values can be offloaded")
+    peak = _profile(problem, used, recomputed, offloaded).peak
     return Evaluation(used, recomputed, memory, float(problem.runtime[recomputed].sum()), peak,
                       float(problem.save_seconds[used].sum()))
 
@@ -197,17 +202,19 @@ def _rng_bytes(problem: Problem, recomputed: np.ndarray) -> int:
     return problem.rng_state_bytes * int((recomputed & problem.random).sum())
 
 
-def _profile(problem: Problem, saved: np.ndarray, recomputed: np.ndarray) -> Profile:
+def _profile(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, offloaded: np.ndarray | None = None) -> Profile:
     rng = _rng_bytes(problem, recomputed)
-    return profile(problem.schedule, problem.inputs, problem.nbytes, saved, recomputed, rng, problem.consumers)
+    return profile(problem.schedule, problem.inputs, problem.nbytes, saved, recomputed, rng, problem.consumers,
+                   None if offloaded is None else np.asarray(offloaded, dtype=bool))
 
 
-def evaluate_names(problem: Problem, saved: Iterable[str]) -> Evaluation:
-    """:func:`evaluate` for a decision given as the names of its saved nodes.
+def evaluate_names(problem: Problem, saved: Iterable[str], offloaded: Iterable[str] = ()) -> Evaluation:
+    """:func:`evaluate` for a decision given as the names of its saved (and offloaded) nodes.
 
     Raises
     ------
     InfeasibleDecision
         If a name is not a node of the problem, or as :func:`evaluate`.
     """
-    return evaluate(problem, problem.mask(problem.index(saved)))
+    offloaded = list(offloaded)
+    return evaluate(problem, problem.mask(problem.index(saved)), problem.mask(problem.index(offloaded)) if offloaded else None)

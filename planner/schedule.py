@@ -159,12 +159,16 @@ def profile(
     recomputed: np.ndarray,
     rng_bytes: int,
     cons: list[list[int]] | None = None,
+    offloaded: np.ndarray | None = None,
 ) -> Profile:
     """Memory at every forward and backward step for a pruned plan (see the module docstring).
 
     ``saved`` and ``recomputed`` are the masks of :func:`planner.problem.evaluate`; ``rng_bytes``
     is the RNG state kept for all recomputed random ops together; ``cons`` is
-    :func:`consumers` of ``inputs``, computed here when not given.
+    :func:`consumers` of ``inputs``, computed here when not given. ``offloaded`` marks saved
+    values kept in host memory between the forward and the backward: each is freed after its
+    last forward reader and is back from the first backward step that reads it (directly, or
+    through a recomputed copy made then).
     """
     s = schedule
     n, steps = len(s.owner), s.num_steps
@@ -175,6 +179,8 @@ def profile(
     fwd = np.zeros(n + 1, dtype=np.int64)
     kept = np.flatnonzero(own & saved)
     np.add.at(fwd, kept, nbytes[kept])
+    away = np.flatnonzero(own & saved & offloaded) if offloaded is not None else np.zeros(0, dtype=np.int64)
+    np.add.at(fwd, s.fwd_last[away] + 1, -nbytes[away])
     passing = np.flatnonzero(own & ~saved & (s.transient > 0))
     np.add.at(fwd, passing, s.transient[passing])
     np.add.at(fwd, s.fwd_last[passing] + 1, -s.transient[passing])
@@ -195,6 +201,10 @@ def profile(
     is_saved = saved[alive]
     size = np.where(is_saved, nbytes[alive], s.copy_bytes[alive]).astype(np.int64)
     start = np.array([0 if k else made[int(e)] for e, k in zip(alive, is_saved)], dtype=np.int64)
+    if len(away):
+        back = {int(e): min([int(s.first_read[e])] + [made[w] for w in cons[e] if recomputed[w] and w in made])
+                for e in away}
+        start = np.array([back.get(int(e), b) for e, b in zip(alive, start)], dtype=np.int64)
     bwd = np.zeros(steps + 1, dtype=np.int64)
     np.add.at(bwd, start, size)
     np.add.at(bwd, end + 1, -size)
@@ -202,7 +212,7 @@ def profile(
     last = (end == s.last_read[alive]) & (size > 0) & (s.reuse[np.minimum(end, steps - 1)] == size) & (end < steps)
     reused[end[last]] = True  # read last by the kernel of step `end`, which writes into it
     memory = np.cumsum(bwd)[:steps] + s.base + rng_bytes - np.where(reused, s.reuse, 0)
-    others = (s.repeats - 1) * (int(nbytes[kept].sum()) + rng_bytes)  # the other runs' saved values
+    others = (s.repeats - 1) * (int(nbytes[kept].sum()) - int(nbytes[away].sum()) + rng_bytes)  # the other runs' saved values
     return Profile(np.cumsum(fwd)[:n] + s.fwd_base + rng_bytes + others, memory + others)
 
 

@@ -1,0 +1,136 @@
+"""Offloading saved values to host memory: the emitted copies and waits, the memory they free,
+and training that stays exactly eager's (the CPU is its own host here: the copies are copies)."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import planner
+from estimators import get_estimator
+from planner.build import build_problem
+from planner.compiler import PlannerBackend
+from planner.emit import Transfer, emit, offloadable
+from planner.errors import PlanFileError
+from planner.frames import own_frame
+from planner.memory import simulate
+from planner.offload_ops import OFFLOAD, RELOAD, WAIT
+from planner.plan_file import read_plan_file
+from planner.problem import InfeasibleDecision, evaluate_names
+from solvers import get_solver
+from tests.models import MODELS
+from tests.training import assert_same_step
+
+
+def _offloadable_saved(joint, saved):
+    by_name = {n.name: n for n in joint.graph.nodes}
+    return tuple(name for name in saved if offloadable(by_name[name]))
+
+
+def _emitted(name, fraction, offload_all=True):
+    model, inputs = MODELS[name]()
+    joint = planner.capture(model, inputs)
+    problem = build_problem(joint, get_estimator("flops"))
+    decision = get_solver("greedy").solve(problem, planner.Budget(fraction=fraction).resolve(problem))
+    offloaded = _offloadable_saved(joint, decision.saved) if offload_all else ()
+    forward, backward = emit(joint, problem, decision.saved, {n: Transfer() for n in offloaded})
+    return problem, decision, offloaded, joint.num_fwd_outputs, forward, backward
+
+
+def _calls(gm, target):
+    return [n for n in gm.graph.nodes if n.target is target]
+
+
+def test_offloaded_values_cross_in_host_memory_and_come_back_before_their_readers():
+    problem, decision, offloaded, num_outputs, fw, bw = _emitted("gpt", 0.5)
+    assert len(offloaded) >= 5
+    copies = _calls(fw, OFFLOAD)
+    assert sorted(c.args[0].name for c in copies) == sorted(offloaded)
+    returned = next(iter(fw.graph.find_nodes(op="output"))).args[0][num_outputs:]
+    handed = [n for n in returned if n.target is WAIT and n.args[0].target is OFFLOAD]
+    assert len(handed) == len(offloaded)
+    for wait in handed:  # the forward waits after the value's last forward reader
+        value = wait.args[1]
+        order = {n: i for i, n in enumerate(fw.graph.nodes)}
+        assert all(order[u] <= order[wait] for u in value.users)
+    order = {n: i for i, n in enumerate(bw.graph.nodes)}
+    reloads = _calls(bw, RELOAD)
+    assert len(reloads) == len(offloaded)
+    for reload in reloads:
+        (ready,) = [u for u in reload.users if u.target is WAIT]
+        readers = [u for u in ready.users]
+        assert readers and order[reload] < order[ready] < min(order[r] for r in readers)
+
+
+@pytest.mark.parametrize("name", ["gpt", "cnn", "views_inplace"])
+def test_the_schedule_counts_offloaded_values_as_the_simulation_does(name):
+    problem, decision, offloaded, num_outputs, fw, bw = _emitted(name, 1.0)
+    if not offloaded:
+        pytest.skip(f"the {name} plan saves nothing that can be offloaded")
+    bound = evaluate_names(problem, decision.saved, offloaded).peak_bytes
+    kept = evaluate_names(problem, decision.saved).peak_bytes
+    simulated = simulate(fw, bw, num_outputs).peak
+    assert simulated <= bound <= kept
+    recomputes = bool((evaluate_names(problem, decision.saved).recomputed & problem.saveable).any())
+    if not recomputes:
+        assert simulated == bound
+
+
+def test_offloading_lowers_the_peak_below_keeping_everything_on_the_device():
+    problem, decision, offloaded, num_outputs, fw, bw = _emitted("gpt", 1.0)
+    *_, fw_kept, bw_kept = _emitted("gpt", 1.0, offload_all=False)
+    assert simulate(fw, bw, num_outputs).peak < simulate(fw_kept, bw_kept, num_outputs).peak
+
+
+def _offloading_backend(name, codegen):
+    model, inputs = MODELS[name]()
+    plan = planner.plan(model, inputs, planner.PlannerConfig(memory_budget=0.5, codegen=codegen))
+    joint = planner.capture(model, inputs, codegen=codegen)
+    offloaded = _offloadable_saved(joint, plan.decision.saved)
+    assert offloaded
+    graph_plan = dataclasses.replace(plan.graph_plan, decision=dataclasses.replace(plan.decision, offloaded=offloaded))
+    return plan.config, graph_plan
+
+
+@pytest.mark.parametrize("name", ["gpt", "cnn", "views_inplace"])
+def test_an_offloading_plan_trains_exactly_like_eager(name):
+    config, graph_plan = _offloading_backend(name, "eager")
+    assert_same_step(MODELS[name], lambda twin, inputs: torch.compile(
+        own_frame(twin), backend=PlannerBackend(config, fixed=graph_plan), fullgraph=True, dynamic=False))
+
+
+def test_an_offloading_plan_compiled_by_inductor_trains_exactly_like_eager():
+    with torch._inductor.config.patch(fallback_random=True):  # dropout draws as eager does
+        config, graph_plan = _offloading_backend("gpt", "inductor")
+        assert_same_step(MODELS["gpt"], lambda twin, inputs: torch.compile(
+            own_frame(twin), backend=PlannerBackend(config, fixed=graph_plan), fullgraph=True, dynamic=False))
+
+
+def test_only_saved_values_that_own_their_storage_can_be_offloaded():
+    model, inputs = MODELS["gpt"]()
+    joint = planner.capture(model, inputs)
+    problem = build_problem(joint, get_estimator("flops"))
+    decision = get_solver("greedy").solve(problem, planner.Budget(fraction=0.5).resolve(problem))
+    unsaved = next(n for n in problem.names if n not in decision.saved)
+    with pytest.raises(ValueError, match="must be saved"):
+        emit(joint, problem, decision.saved, {unsaved: Transfer()})
+    with pytest.raises(InfeasibleDecision, match="offloaded but not saved"):
+        evaluate_names(problem, decision.saved, [unsaved])
+
+
+def test_plan_files_keep_the_offloaded_values(tmp_path):
+    model, inputs = MODELS["gpt"]()
+    plan = planner.plan(model, inputs, memory_budget=0.5)
+    path = plan.save(tmp_path / "plan.json")
+    data = json.loads(path.read_text())
+    data["decision"]["offloaded"] = plan.decision.saved[:2]
+    path.write_text(json.dumps(data))
+    assert read_plan_file(path).decision.offloaded == tuple(plan.decision.saved[:2])
+    del data["decision"]["offloaded"]  # a file from before offloading
+    path.write_text(json.dumps(data))
+    assert read_plan_file(path).decision.offloaded == ()
+    data["decision"]["offloaded"] = ["not_a_saved_value"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanFileError, match="offloaded"):
+        read_plan_file(path)
