@@ -280,7 +280,8 @@ class PlannerBackend:
                 f"({self.fixed.fingerprint}); the model, its input shapes or the codegen changed, so plan again"
             )
         decision = graph_plan.decision
-        forward, backward = emit(joint, graph_plan.problem, decision.saved, {n: Transfer() for n in decision.offloaded})
+        transfers = {n: Transfer(*decision.transfers.get(n, (None, None))) for n in decision.offloaded}
+        forward, backward = emit(joint, graph_plan.problem, decision.saved, transfers)
         timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=self.config.codegen == "inductor")
         if self._replanning is not None and part is not None and part.index >= 0:  # replaces its earlier plan
             self.graphs[part.index], self.timelines[part.index] = graph_plan, timeline

@@ -37,6 +37,9 @@ class Decision:
         (0 with estimators that do not price memory traffic).
     offloaded : names of saved nodes handed to the backward in host memory instead of device
         memory (copied out after the forward's last reader, back before the backward's first).
+    transfers : per offloaded name, ``[wait_after, reload_before]``: the forward node after which
+        the forward waits for its copy to host, and the backward node before which its copy
+        back starts (:class:`planner.emit.Transfer`; missing or None: at its readers).
     """
 
     saved: tuple[str, ...]
@@ -51,6 +54,7 @@ class Decision:
     stats: dict[str, Any] = field(default_factory=dict)
     save_seconds: float = 0.0
     offloaded: tuple[str, ...] = ()
+    transfers: dict[str, list] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:

@@ -19,7 +19,7 @@ import torch.fx as fx
 from planner import _torch_compat
 from planner.offload_ops import OFFLOAD, RELOAD, WAIT
 from planner.graph import JointGraph
-from planner.ops import aliased_input, first_tensor, is_getitem, is_random, view_base, written_input
+from planner.ops import aliased_input, first_tensor, is_getitem, is_random, storage_bytes, view_base, written_input
 from planner.problem import Problem, evaluate_names
 
 __all__ = ["emit", "Transfer", "offloadable"]
@@ -131,15 +131,17 @@ class Transfer:
     reload_before: str | None = None
 
 
-def offloadable(node: fx.Node) -> bool:
+def offloadable(node: fx.Node, min_bytes: int = 0) -> bool:
     """Whether a saved node can be offloaded: a tensor that owns its storage, that no other
     value shares (no view of it, nothing written into it) and that the graph does not return
     (a forward output stays alive for the caller), so its copy holds all of it and freeing it
-    after the copy frees its bytes."""
+    after the copy frees its bytes; and of at least ``min_bytes`` (a transfer of a few bytes,
+    such as an attention kernel's RNG seed, costs more than it frees)."""
     def shares(a: fx.Node, b: fx.Node) -> bool:
         return aliased_input(a) is b or written_input(a) is b
 
-    return (node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor)
+    val = node.meta.get("val")
+    return (node.op == "call_function" and isinstance(val, torch.Tensor) and storage_bytes(val) >= max(min_bytes, 1)
             and aliased_input(node) is None and written_input(node) is None
             and not any(user.op == "output" or shares(user, node) for user in node.users))
 
@@ -168,16 +170,17 @@ def _insert_transfers(joint: JointGraph, kept: list[fx.Node], offloaded: dict[st
             copy = graph.call_function(OFFLOAD, (value,))
         copy.meta = {"val": OFFLOAD(value.meta["val"]), "partitioner_tag": "is_forward", "offload": "forward"}
         after = by_name[how.wait_after] if how.wait_after else max(readers, key=order.__getitem__, default=copy)
-        with graph.inserting_after(after):
+        first = backward[0] if backward else None  # a recomputed copy reading it may precede the placement's reader
+        before = by_name[how.reload_before] if how.reload_before else first
+        before = min(before, first, key=order.__getitem__) if first is not None else None
+        # the forward's wait comes before the copy back starts (forward nodes may follow backward ones in the joint)
+        early = before is not None and after is not copy and order[after] >= order[before]
+        with graph.inserting_before(before) if early else graph.inserting_after(after):
             host = graph.call_function(WAIT, (copy, value))
         host.meta = dict(copy.meta)
-        if not backward:
+        if first is None:
             swapped[value] = host
             continue
-        first = backward[0]
-        before = by_name[how.reload_before] if how.reload_before else first
-        if order[before] > order[first]:
-            raise ValueError(f"{value.name} is reloaded before {before.name}, after its first backward reader {first.name}")
         val = value.meta["val"]
         with graph.inserting_before(before):
             back = graph.call_function(RELOAD, (host, val.device, list(val.size()), list(val.stride())))

@@ -1,0 +1,73 @@
+"""When an offloaded value's copies run: one link per direction, in order, beside compute.
+
+A plan that offloads a saved value copies it to host memory in the forward and back in the
+backward (:mod:`planner.offload_ops`). Each direction of the host link carries one copy at a
+time, in the order they are issued. :func:`place_transfers` times the copies against the
+estimated compute of the step, op by op:
+
+* forward: a value's copy starts once the value is made and the link is free; the forward waits
+  for it after the first op that ends once the copy is done, and not before the value's last
+  forward reader (the wait frees the value);
+* backward: copies back are timed from their deadlines, the start of their value's first
+  backward reader, latest first: each ends by its deadline and before the next one starts, and
+  is issued before the last op that starts no later than it must start (the first op of the
+  backward if the link cannot finish it in time there).
+
+The placement does not change what is saved; it decides how long each offloaded value is away
+from the device, which the memory model counts (:func:`planner.schedule.profile`).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch.fx as fx
+
+from planner.emit import Transfer
+from planner.graph import JointGraph
+from planner.ops import storage_bytes
+
+__all__ = ["place_transfers", "LINK_BYTES_PER_SECOND"]
+
+# one direction of the host link: about what pinned copies reach over PCIe 5 x16 (bytes/s)
+LINK_BYTES_PER_SECOND = 25e9
+
+
+def place_transfers(joint: JointGraph, offloaded: Iterable[str], runtime: Callable[[fx.Node], float],
+                    bytes_per_second: float = LINK_BYTES_PER_SECOND) -> dict[str, Transfer]:
+    """A :class:`~planner.emit.Transfer` per offloaded name; ``runtime(node)`` is an op's
+    estimated seconds (0 for views and getitems is fine)."""
+    names = set(offloaded)
+    forward = list(joint.forward_nodes)
+    backward = [n for n in joint.graph.nodes if n in joint.backward_nodes and n.op == "call_function"]
+    by_name = {n.name: n for n in forward}
+    values = [by_name[name] for name in names]
+    seconds = {n: _seconds(storage_bytes(n.meta["val"]), bytes_per_second) for n in values}
+
+    end, clock = {}, 0.0
+    for node in forward:
+        clock += runtime(node)
+        end[node] = clock
+    position = {n: i for i, n in enumerate(forward)}
+    waits, link = {}, 0.0
+    for value in sorted(values, key=position.__getitem__):
+        link = max(link, end[value]) + seconds[value]
+        last = max((position[u] for u in value.users if u in position), default=position[value])
+        after = next((n for n in forward[last:] if end[n] >= link), forward[-1])
+        waits[value] = after.name
+
+    start, clock = {}, 0.0
+    for node in backward:
+        start[node] = clock
+        clock += runtime(node)
+    order = {n: i for i, n in enumerate(backward)}
+    readers = {v: min((u for u in v.users if u in order), key=order.__getitem__, default=None) for v in values}
+    reloads, link = {}, float("inf")
+    for value in sorted((v for v in values if readers[v] is not None), key=lambda v: -start[readers[v]]):
+        link = min(start[readers[value]], link) - seconds[value]  # when this copy must start
+        issue = next((n for n in reversed(backward[: order[readers[value]] + 1]) if start[n] <= link), backward[0])
+        reloads[value] = issue.name
+    return {v.name: Transfer(waits[v], reloads.get(v)) for v in values}
+
+
+def _seconds(nbytes: int, bytes_per_second: float) -> float:
+    return nbytes / bytes_per_second if bytes_per_second > 0 else 0.0
