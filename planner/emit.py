@@ -170,6 +170,7 @@ def _insert_transfers(joint: JointGraph, kept: list[fx.Node], offloaded: dict[st
             copy = graph.call_function(OFFLOAD, (value,))
         copy.meta = {"val": OFFLOAD(value.meta["val"]), "partitioner_tag": "is_forward", "offload": "forward"}
         after = by_name[how.wait_after] if how.wait_after else max(readers, key=order.__getitem__, default=copy)
+        after = copy if after is value else after  # the copy was inserted right after the value
         first = backward[0] if backward else None  # a recomputed copy reading it may precede the placement's reader
         before = by_name[how.reload_before] if how.reload_before else first
         before = min(before, first, key=order.__getitem__) if first is not None else None

@@ -25,6 +25,7 @@ import torch.fx as fx
 from planner.emit import Transfer
 from planner.graph import JointGraph
 from planner.ops import storage_bytes
+from planner.problem import Problem
 
 __all__ = ["place_transfers", "LINK_BYTES_PER_SECOND"]
 
@@ -32,14 +33,19 @@ __all__ = ["place_transfers", "LINK_BYTES_PER_SECOND"]
 LINK_BYTES_PER_SECOND = 25e9
 
 
-def place_transfers(joint: JointGraph, offloaded: Iterable[str], runtime: Callable[[fx.Node], float],
+def place_transfers(joint: JointGraph, problem: Problem, offloaded: Iterable[str], runtime: Callable[[fx.Node], float],
                     bytes_per_second: float = LINK_BYTES_PER_SECOND) -> dict[str, Transfer]:
     """A :class:`~planner.emit.Transfer` per offloaded name; ``runtime(node)`` is an op's
-    estimated seconds (0 for views and getitems is fine)."""
+    estimated seconds (0 for views and getitems is fine). Waits and copies back are placed at
+    nodes of ``problem`` and steps of its schedule, so that its memory model counts them
+    (:func:`planner.problem.evaluate_names` with the transfers)."""
     names = set(offloaded)
-    forward = list(joint.forward_nodes)
-    backward = [n for n in joint.graph.nodes if n in joint.backward_nodes and n.op == "call_function"]
+    steps = set(problem.schedule.step_names)
+    known = set(problem.names)
+    forward = [n for n in joint.forward_nodes if n.name in known]
+    backward = [n for n in joint.graph.nodes if n.name in steps]
     by_name = {n.name: n for n in forward}
+    graph_order = {n: i for i, n in enumerate(joint.graph.nodes)}
     values = [by_name[name] for name in names]
     seconds = {n: _seconds(storage_bytes(n.meta["val"]), bytes_per_second) for n in values}
 
@@ -53,7 +59,7 @@ def place_transfers(joint: JointGraph, offloaded: Iterable[str], runtime: Callab
         link = max(link, end[value]) + seconds[value]
         last = max((position[u] for u in value.users if u in position), default=position[value])
         after = next((n for n in forward[last:] if end[n] >= link), forward[-1])
-        waits[value] = after.name
+        waits[value] = after
 
     start, clock = {}, 0.0
     for node in backward:
@@ -64,9 +70,11 @@ def place_transfers(joint: JointGraph, offloaded: Iterable[str], runtime: Callab
     reloads, link = {}, float("inf")
     for value in sorted((v for v in values if readers[v] is not None), key=lambda v: -start[readers[v]]):
         link = min(start[readers[value]], link) - seconds[value]  # when this copy must start
-        issue = next((n for n in reversed(backward[: order[readers[value]] + 1]) if start[n] <= link), backward[0])
+        # where the joint graph puts backward ops before forward ones, the copy back still follows the wait
+        allowed = [n for n in backward[: order[readers[value]] + 1] if graph_order[n] > graph_order[waits[value]]]
+        issue = next((n for n in reversed(allowed) if start[n] <= link), allowed[0] if allowed else readers[value])
         reloads[value] = issue.name
-    return {v.name: Transfer(waits[v], reloads.get(v)) for v in values}
+    return {v.name: Transfer(waits[v].name, reloads.get(v)) for v in values}
 
 
 def _seconds(nbytes: int, bytes_per_second: float) -> float:

@@ -16,7 +16,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import breadth_first_order
 
 from planner.errors import PlannerError
-from planner.schedule import Profile, Schedule, consumers, profile
+from planner.schedule import Offloads, Profile, Schedule, consumers, profile
 
 __all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "memory_profile"]
 
@@ -137,15 +137,15 @@ class Evaluation:
         return self.recompute_seconds + self.save_seconds
 
 
-def evaluate(problem: Problem, saved: np.ndarray, offloaded: np.ndarray | None = None) -> Evaluation:
+def evaluate(problem: Problem, saved: np.ndarray, offloads: Offloads | None = None) -> Evaluation:
     """Follow the backward's needs from a saved set: what must be recomputed, and what it costs.
 
     Parameters
     ----------
     problem : Problem
     saved : bool array, one entry per node; True where the node is saved.
-    offloaded : bool array marking saved nodes kept in host memory between the forward and the
-        backward (:func:`planner.schedule.profile`); the peak counts them off the device there.
+    offloads : saved nodes kept in host memory between the forward and the backward, and when
+        (:class:`planner.schedule.Offloads`); the peak counts them off the device there.
 
     Raises
     ------
@@ -169,10 +169,10 @@ def evaluate(problem: Problem, saved: np.ndarray, offloaded: np.ndarray | None =
             f"recomputed ({problem.must_save_reason.get(i, 'not recomputable')})"
         )
     memory = int(problem.nbytes[used].sum()) + _rng_bytes(problem, recomputed)
-    if offloaded is not None and (np.asarray(offloaded, dtype=bool) & ~saved).any():
-        i = int(np.flatnonzero(np.asarray(offloaded, dtype=bool) & ~saved)[0])
+    if offloads is not None and (offloads.mask & ~saved).any():
+        i = int(np.flatnonzero(offloads.mask & ~saved)[0])
         raise InfeasibleDecision(f"node {problem.names[i]} is offloaded but not saved; only saved values can be offloaded")
-    peak = _profile(problem, used, recomputed, offloaded).peak
+    peak = _profile(problem, used, recomputed, offloads).peak
     return Evaluation(used, recomputed, memory, float(problem.runtime[recomputed].sum()), peak,
                       float(problem.save_seconds[used].sum()))
 
@@ -202,14 +202,16 @@ def _rng_bytes(problem: Problem, recomputed: np.ndarray) -> int:
     return problem.rng_state_bytes * int((recomputed & problem.random).sum())
 
 
-def _profile(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, offloaded: np.ndarray | None = None) -> Profile:
+def _profile(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, offloads: Offloads | None = None) -> Profile:
     rng = _rng_bytes(problem, recomputed)
-    return profile(problem.schedule, problem.inputs, problem.nbytes, saved, recomputed, rng, problem.consumers,
-                   None if offloaded is None else np.asarray(offloaded, dtype=bool))
+    return profile(problem.schedule, problem.inputs, problem.nbytes, saved, recomputed, rng, problem.consumers, offloads)
 
 
-def evaluate_names(problem: Problem, saved: Iterable[str], offloaded: Iterable[str] = ()) -> Evaluation:
-    """:func:`evaluate` for a decision given as the names of its saved (and offloaded) nodes.
+def evaluate_names(problem: Problem, saved: Iterable[str], offloaded: Iterable[str] = (),
+                   transfers: dict[str, list] | None = None) -> Evaluation:
+    """:func:`evaluate` for a decision given as the names of its saved (and offloaded) nodes;
+    ``transfers`` as :attr:`planner.decision.Decision.transfers` (names of a forward node and a
+    backward step; others count as at the value's readers).
 
     Raises
     ------
@@ -217,4 +219,13 @@ def evaluate_names(problem: Problem, saved: Iterable[str], offloaded: Iterable[s
         If a name is not a node of the problem, or as :func:`evaluate`.
     """
     offloaded = list(offloaded)
-    return evaluate(problem, problem.mask(problem.index(saved)), problem.mask(problem.index(offloaded)) if offloaded else None)
+    offloads = None
+    if offloaded:
+        offloads = Offloads.at_readers(problem.mask(problem.index(offloaded)))
+        steps = {name: t for t, name in enumerate(problem.schedule.step_names)}
+        for name, (wait_after, reload_before) in (transfers or {}).items():
+            i = problem._index_of.get(name)
+            if i is not None and offloads.mask[i]:
+                offloads.freed_after[i] = problem._index_of.get(wait_after, -1)
+                offloads.back_from[i] = steps.get(reload_before, -1)
+    return evaluate(problem, problem.mask(problem.index(saved)), offloads)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["Schedule", "Profile", "profile", "consumers", "with_rest_of_step", "with_backward_beside"]
+__all__ = ["Schedule", "Profile", "Offloads", "profile", "consumers", "with_rest_of_step", "with_backward_beside"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,16 +159,14 @@ def profile(
     recomputed: np.ndarray,
     rng_bytes: int,
     cons: list[list[int]] | None = None,
-    offloaded: np.ndarray | None = None,
+    offloads: "Offloads | None" = None,
 ) -> Profile:
     """Memory at every forward and backward step for a pruned plan (see the module docstring).
 
     ``saved`` and ``recomputed`` are the masks of :func:`planner.problem.evaluate`; ``rng_bytes``
     is the RNG state kept for all recomputed random ops together; ``cons`` is
-    :func:`consumers` of ``inputs``, computed here when not given. ``offloaded`` marks saved
-    values kept in host memory between the forward and the backward: each is freed after its
-    last forward reader and is back from the first backward step that reads it (directly, or
-    through a recomputed copy made then).
+    :func:`consumers` of ``inputs``, computed here when not given. ``offloads`` marks saved
+    values kept in host memory between the forward and the backward (:class:`Offloads`).
     """
     s = schedule
     n, steps = len(s.owner), s.num_steps
@@ -179,8 +177,10 @@ def profile(
     fwd = np.zeros(n + 1, dtype=np.int64)
     kept = np.flatnonzero(own & saved)
     np.add.at(fwd, kept, nbytes[kept])
-    away = np.flatnonzero(own & saved & offloaded) if offloaded is not None else np.zeros(0, dtype=np.int64)
-    np.add.at(fwd, s.fwd_last[away] + 1, -nbytes[away])
+    away = np.flatnonzero(own & saved & offloads.mask) if offloads is not None else np.zeros(0, dtype=np.int64)
+    if len(away):
+        freed = np.maximum(s.fwd_last[away], offloads.freed_after[away])
+        np.add.at(fwd, freed + 1, -nbytes[away])
     passing = np.flatnonzero(own & ~saved & (s.transient > 0))
     np.add.at(fwd, passing, s.transient[passing])
     np.add.at(fwd, s.fwd_last[passing] + 1, -s.transient[passing])
@@ -202,8 +202,10 @@ def profile(
     size = np.where(is_saved, nbytes[alive], s.copy_bytes[alive]).astype(np.int64)
     start = np.array([0 if k else made[int(e)] for e, k in zip(alive, is_saved)], dtype=np.int64)
     if len(away):
-        back = {int(e): min([int(s.first_read[e])] + [made[w] for w in cons[e] if recomputed[w] and w in made])
-                for e in away}
+        back = {}
+        for e in away.tolist():
+            read = min([int(s.first_read[e])] + [made[w] for w in cons[e] if recomputed[w] and w in made])
+            back[e] = min(read, int(offloads.back_from[e])) if offloads.back_from[e] >= 0 else read
         start = np.array([back.get(int(e), b) for e, b in zip(alive, start)], dtype=np.int64)
     bwd = np.zeros(steps + 1, dtype=np.int64)
     np.add.at(bwd, start, size)
@@ -214,6 +216,26 @@ def profile(
     memory = np.cumsum(bwd)[:steps] + s.base + rng_bytes - np.where(reused, s.reuse, 0)
     others = (s.repeats - 1) * (int(nbytes[kept].sum()) - int(nbytes[away].sum()) + rng_bytes)  # the other runs' saved values
     return Profile(np.cumsum(fwd)[:n] + s.fwd_base + rng_bytes + others, memory + others)
+
+
+@dataclass(frozen=True)
+class Offloads:
+    """Saved values kept in host memory between the forward and the backward.
+
+    ``mask`` marks them. Each is freed on the device after forward node ``freed_after[i]`` (the
+    wait for its copy; never before its last forward reader, ``fwd_last``) and is there again
+    from backward step ``back_from[i]`` (its copy back starting; never after the first step that
+    reads it, directly or through a recomputed copy made then). -1 in either: at those readers.
+    """
+
+    mask: np.ndarray
+    freed_after: np.ndarray
+    back_from: np.ndarray
+
+    @classmethod
+    def at_readers(cls, mask: np.ndarray) -> "Offloads":
+        none = np.full(len(mask), -1, dtype=np.int64)
+        return cls(np.asarray(mask, dtype=bool), none, none.copy())
 
 
 def _made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:

@@ -134,3 +134,47 @@ def test_plan_files_keep_the_offloaded_values(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(PlanFileError, match="offloaded"):
         read_plan_file(path)
+
+
+def _placed(name, bytes_per_second):
+    from planner.offload import place_transfers
+
+    model, inputs = MODELS[name]()
+    joint = planner.capture(model, inputs)
+    estimator = get_estimator("flops")
+    problem = build_problem(joint, estimator)
+    decision = get_solver("greedy").solve(problem, planner.Budget(fraction=1.0).resolve(problem))
+    offloaded = _offloadable_saved(joint, decision.saved)
+    calls = [n for n in joint.graph.nodes if n.op == "call_function"]
+    estimator.prepare(calls)
+    placed = place_transfers(joint, problem, offloaded, lambda n: estimator.runtime(n) if n.op == "call_function" else 0.0,
+                             bytes_per_second)
+    return problem, decision, joint, offloaded, placed
+
+
+def test_a_slow_link_starts_copies_back_earlier_and_waits_later():
+    *_, fast = _placed("gpt", float("inf"))
+    problem, decision, joint, offloaded, slow = _placed("gpt", 1e6)
+    order = {n.name: i for i, n in enumerate(joint.graph.nodes)}
+    by_name = {n.name: n for n in joint.graph.nodes}
+    earlier = later = 0
+    for name in offloaded:
+        value = by_name[name]
+        forward_readers = [order[u.name] for u in value.users if u in set(joint.forward_nodes)]
+        assert order[slow[name].wait_after] >= max(forward_readers, default=order[name])
+        assert order[fast[name].wait_after] >= max(forward_readers, default=order[name])
+        later += order[slow[name].wait_after] > order[fast[name].wait_after]
+        if fast[name].reload_before is not None:
+            first = min(order[u.name] for u in value.users if u in joint.backward_nodes)
+            assert order[slow[name].reload_before] <= order[fast[name].reload_before] <= first
+            earlier += order[slow[name].reload_before] < order[fast[name].reload_before]
+    assert earlier > 0 and later > 0
+
+
+@pytest.mark.parametrize("bytes_per_second", [float("inf"), 1e6])
+def test_the_schedule_counts_placed_transfers_as_the_simulation_does(bytes_per_second):
+    problem, decision, joint, offloaded, placed = _placed("gpt", bytes_per_second)
+    transfers = {k: [t.wait_after, t.reload_before] for k, t in placed.items()}
+    bound = evaluate_names(problem, decision.saved, offloaded, transfers).peak_bytes
+    forward, backward = emit(joint, problem, decision.saved, placed)
+    assert simulate(forward, backward, joint.num_fwd_outputs).peak == bound
