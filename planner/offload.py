@@ -18,6 +18,7 @@ from the device, which the memory model counts (:func:`planner.schedule.profile`
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch.fx as fx
@@ -25,16 +26,30 @@ import torch.fx as fx
 from planner.emit import Transfer
 from planner.graph import JointGraph
 from planner.ops import storage_bytes
-from planner.problem import Problem
+from planner.problem import Problem, evaluate_names, memory_profile, offloads_of
 
-__all__ = ["place_transfers", "LINK_BYTES_PER_SECOND"]
+__all__ = ["Placement", "place_transfers", "choose_offloads", "LINK_BYTES_PER_SECOND"]
 
 # one direction of the host link: about what pinned copies reach over PCIe 5 x16 (bytes/s)
 LINK_BYTES_PER_SECOND = 25e9
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the copies run (a :class:`~planner.emit.Transfer` per offloaded name), and the
+    seconds of link time they cannot hide: copies to host still running when the forward ends,
+    and copies back that would have to start before the backward does."""
+
+    transfers: dict[str, Transfer]
+    stall_seconds: float
+
+    def as_decision(self) -> dict[str, list]:
+        """The placement as :attr:`planner.decision.Decision.transfers`."""
+        return {name: [t.wait_after, t.reload_before] for name, t in self.transfers.items()}
+
+
 def place_transfers(joint: JointGraph, problem: Problem, offloaded: Iterable[str], runtime: Callable[[fx.Node], float],
-                    bytes_per_second: float = LINK_BYTES_PER_SECOND) -> dict[str, Transfer]:
+                    bytes_per_second: float = LINK_BYTES_PER_SECOND) -> Placement:
     """A :class:`~planner.emit.Transfer` per offloaded name; ``runtime(node)`` is an op's
     estimated seconds (0 for views and getitems is fine). Waits and copies back are placed at
     nodes of ``problem`` and steps of its schedule, so that its memory model counts them
@@ -61,6 +76,7 @@ def place_transfers(joint: JointGraph, problem: Problem, offloaded: Iterable[str
         after = next((n for n in forward[last:] if end[n] >= link), forward[-1])
         waits[value] = after
 
+    link_out = link  # when the last copy to host ends
     start, clock = {}, 0.0
     for node in backward:
         start[node] = clock
@@ -74,8 +90,52 @@ def place_transfers(joint: JointGraph, problem: Problem, offloaded: Iterable[str
         allowed = [n for n in backward[: order[readers[value]] + 1] if graph_order[n] > graph_order[waits[value]]]
         issue = next((n for n in reversed(allowed) if start[n] <= link), allowed[0] if allowed else readers[value])
         reloads[value] = issue.name
-    return {v.name: Transfer(waits[v].name, reloads.get(v)) for v in values}
+    forward_end = end[forward[-1]] if forward else 0.0
+    late = max(0.0, link_out - forward_end)
+    early = max(0.0, -link) if reloads else 0.0
+    return Placement({v.name: Transfer(waits[v].name, reloads.get(v)) for v in values}, late + early)
 
 
 def _seconds(nbytes: int, bytes_per_second: float) -> float:
     return nbytes / bytes_per_second if bytes_per_second > 0 else 0.0
+
+
+def choose_offloads(joint: JointGraph, problem: Problem, saved: Iterable[str], runtime: Callable[[fx.Node], float],
+                    target_bytes: int, bytes_per_second: float = LINK_BYTES_PER_SECOND,
+                    min_bytes: int = 1 << 20) -> tuple[tuple[str, ...], Placement, int]:
+    """Saved values to offload so that the plan's peak falls to ``target_bytes`` or as near as
+    it gets, with no link time left unhidden: ``(offloaded, placement, peak_bytes)``.
+
+    Greedy, largest value first: a value is kept if, with every copy placed again, the link
+    still hides every copy and the memory profile improves: the peak does not rise and the
+    bytes summed over the steps fall (the peak may sit where several values are held at once). Values
+    of fewer than ``min_bytes`` are left on the device. A heuristic: it proves nothing about
+    the best set.
+    """
+    from planner.emit import offloadable
+
+    saved = tuple(saved)
+    by_name = {n.name: n for n in joint.graph.nodes}
+    candidates = sorted((n for n in saved if offloadable(by_name[n], min_bytes)),
+                        key=lambda n: -problem.nbytes[problem.index([n])[0]])
+    chosen: list[str] = []
+    placement = Placement({}, 0.0)
+    plan = evaluate_names(problem, saved)
+    best = _peak_and_area(problem, plan, chosen, placement)
+    for name in candidates:
+        if best[0] <= target_bytes:
+            break
+        trial = place_transfers(joint, problem, [*chosen, name], runtime, bytes_per_second)
+        if trial.stall_seconds > 0:
+            continue
+        found = _peak_and_area(problem, plan, [*chosen, name], trial)
+        if found[0] <= best[0] and found < best:
+            chosen, placement, best = [*chosen, name], trial, found
+    return tuple(chosen), placement, best[0]
+
+
+def _peak_and_area(problem: Problem, plan, offloaded: list[str], placement: Placement) -> tuple[int, int]:
+    """The peak, and the bytes summed over every step: a value whose absence does not lower
+    the peak yet (others hold it up at another step) still lowers the area."""
+    found = memory_profile(problem, plan, offloads_of(problem, offloaded, placement.as_decision()))
+    return int(found.peak), int(found.forward.sum() + found.backward.sum())

@@ -18,7 +18,7 @@ from scipy.sparse.csgraph import breadth_first_order
 from planner.errors import PlannerError
 from planner.schedule import Offloads, Profile, Schedule, consumers, profile
 
-__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "memory_profile"]
+__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "memory_profile", "offloads_of"]
 
 
 class InfeasibleDecision(PlannerError):
@@ -193,9 +193,10 @@ def _reached(problem: Problem, saved: np.ndarray) -> np.ndarray:
     return reached[:n]
 
 
-def memory_profile(problem: Problem, plan: Evaluation) -> Profile:
-    """Memory at every forward and backward step of an evaluated plan, bytes."""
-    return _profile(problem, plan.saved, plan.recomputed)
+def memory_profile(problem: Problem, plan: Evaluation, offloads: Offloads | None = None) -> Profile:
+    """Memory at every forward and backward step of an evaluated plan, bytes (with
+    ``offloads``, those saved values off the device between their transfers)."""
+    return _profile(problem, plan.saved, plan.recomputed, offloads)
 
 
 def _rng_bytes(problem: Problem, recomputed: np.ndarray) -> int:
@@ -218,14 +219,21 @@ def evaluate_names(problem: Problem, saved: Iterable[str], offloaded: Iterable[s
     InfeasibleDecision
         If a name is not a node of the problem, or as :func:`evaluate`.
     """
-    offloaded = list(offloaded)
-    offloads = None
-    if offloaded:
-        offloads = Offloads.at_readers(problem.mask(problem.index(offloaded)))
-        steps = {name: t for t, name in enumerate(problem.schedule.step_names)}
-        for name, (wait_after, reload_before) in (transfers or {}).items():
-            i = problem._index_of.get(name)
-            if i is not None and offloads.mask[i]:
-                offloads.freed_after[i] = problem._index_of.get(wait_after, -1)
-                offloads.back_from[i] = steps.get(reload_before, -1)
+    offloads = offloads_of(problem, offloaded, transfers)
     return evaluate(problem, problem.mask(problem.index(saved)), offloads)
+
+
+def offloads_of(problem: Problem, offloaded: Iterable[str], transfers: dict[str, list] | None = None) -> Offloads | None:
+    """The :class:`~planner.schedule.Offloads` of offloaded names and their transfers (as
+    :attr:`planner.decision.Decision.transfers`), or None when nothing is offloaded."""
+    offloaded = list(offloaded)
+    if not offloaded:
+        return None
+    offloads = Offloads.at_readers(problem.mask(problem.index(offloaded)))
+    steps = {name: t for t, name in enumerate(problem.schedule.step_names)}
+    for name, (wait_after, reload_before) in (transfers or {}).items():
+        i = problem._index_of.get(name)
+        if i is not None and offloads.mask[i]:
+            offloads.freed_after[i] = problem._index_of.get(wait_after, -1)
+            offloads.back_from[i] = steps.get(reload_before, -1)
+    return offloads

@@ -149,7 +149,7 @@ def _placed(name, bytes_per_second):
     estimator.prepare(calls)
     placed = place_transfers(joint, problem, offloaded, lambda n: estimator.runtime(n) if n.op == "call_function" else 0.0,
                              bytes_per_second)
-    return problem, decision, joint, offloaded, placed
+    return problem, decision, joint, offloaded, placed.transfers
 
 
 def test_a_slow_link_starts_copies_back_earlier_and_waits_later():
@@ -178,3 +178,25 @@ def test_the_schedule_counts_placed_transfers_as_the_simulation_does(bytes_per_s
     bound = evaluate_names(problem, decision.saved, offloaded, transfers).peak_bytes
     forward, backward = emit(joint, problem, decision.saved, placed)
     assert simulate(forward, backward, joint.num_fwd_outputs).peak == bound
+
+
+def test_the_chosen_offloads_fit_the_link_and_never_raise_the_peak():
+    from planner.offload import choose_offloads, place_transfers
+
+    problem, decision, joint, offloaded, _ = _placed("gpt", 1e6)
+    estimator = get_estimator("flops")
+    estimator.prepare([n for n in joint.graph.nodes if n.op == "call_function"])
+
+    def runtime(node):
+        return estimator.runtime(node) if node.op == "call_function" else 0.0
+
+    before = evaluate_names(problem, decision.saved).peak_bytes
+    for bytes_per_second in (1e6, 1e12):
+        chosen, placement, peak = choose_offloads(joint, problem, decision.saved, runtime, 0, bytes_per_second, min_bytes=1)
+        assert set(chosen) <= set(offloaded)
+        assert placement.stall_seconds == 0.0
+        assert place_transfers(joint, problem, chosen, runtime, bytes_per_second) == placement
+        assert peak == evaluate_names(problem, decision.saved, chosen, placement.as_decision()).peak_bytes <= before
+    fast, _, fast_peak = choose_offloads(joint, problem, decision.saved, runtime, 0, 1e12, min_bytes=1)
+    slow, _, slow_peak = choose_offloads(joint, problem, decision.saved, runtime, 0, 1e6, min_bytes=1)
+    assert len(fast) > len(slow) and fast_peak < before  # a link that hides every copy offloads more
