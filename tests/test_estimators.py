@@ -48,6 +48,23 @@ def test_roofline_matrix_product_is_bound_by_the_slower_of_flops_and_bytes():
     assert RooflineEstimator(flops_per_second=1e30, bytes_per_second=1.0).runtime(mm) == moved
 
 
+def test_roofline_prices_an_op_at_the_rate_of_its_largest_operands_dtype():
+    # bf16 operands beside a small float32 input (as an attention backward's log-sum-exp beside
+    # its queries, keys and values) compute at the half-precision rate, not the float32 one
+    from estimators.roofline import Rates, compute_dtype
+
+    a, b, scale = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 16, dtype=torch.bfloat16), torch.randn(())
+    gm = make_fx(lambda a, b, s: torch.mm(a * s, b), tracing_mode="fake")(a, b, scale)
+    mul, mm = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert compute_dtype(mul, mul.meta["val"]) == torch.bfloat16
+    est = RooflineEstimator()
+    est.rates = Rates(2.0, 1.0, 1e30, 0.0)  # half-precision flops twice the single rate
+    assert est.runtime(mm) == 2 * 64 * 32 * 16 / 2.0
+    wide = make_fx(lambda a, b: torch.mm(a, b), tracing_mode="fake")(a.float(), b.float())
+    (mm32,) = [n for n in wide.graph.nodes if n.op == "call_function"]
+    assert compute_dtype(mm32, mm32.meta["val"]) == torch.float32 and est.runtime(mm32) == 2 * 64 * 32 * 16 / 1.0
+
+
 def test_roofline_rates_from_the_datasheet_and_from_measurement():
     assert datasheet_rates("NVIDIA H100 80GB HBM3") is DATASHEET["H100"]
     assert datasheet_rates("NVIDIA H100 PCIe") is DATASHEET["H100 PCIe"]
