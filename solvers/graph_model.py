@@ -4,7 +4,11 @@ Variables, one per relevant node where meaningful: ``saved[v]`` (v owns storage)
 ``recomputed[v]`` (v may be re-run). Rows:
 
 * every value the backward reads is saved or recomputed: ``saved[v] + recomputed[v] >= 1``;
-* recomputing a node needs each input saved or recomputed: ``recomputed[v] <= saved[u] + recomputed[u]``.
+* recomputing a node needs each input saved or recomputed: ``recomputed[v] <= saved[u] + recomputed[u]``;
+* a node is not both: ``saved[v] + recomputed[v] <= 1``. A plan never needs both, and the memory
+  rows price the pair as no plan runs (:func:`planner.problem.evaluate` drops the copy): on one
+  random schedule they priced it a byte under the plan at a step whose row was already in, so
+  the lazy loop returned a plan over its limit as the proven least peak.
 
 Memory rows (the plan's memory at chosen steps of the training step, within the budget) are
 added by :mod:`solvers.peak_rows`, with continuous helper variables. The objective is the
@@ -146,6 +150,8 @@ def build_graph_model(problem: Problem) -> tuple[GraphModel, RowBuilder]:
     for i in np.flatnonzero(relevant & problem.needed):
         cols = available(i)
         build.add_row(cols, [1.0] * len(cols), 1.0, np.inf)
+    for i in np.flatnonzero((saved_var >= 0) & (recomputed_var >= 0)):
+        build.add_row([saved_var[i], recomputed_var[i]], [1.0, 1.0], -np.inf, 1.0)
     for i in r_nodes:
         for j in problem.inputs[i]:
             cols = available(j)
@@ -197,8 +203,11 @@ def choose_patterns(build: RowBuilder, base: GraphModel, blocks, patterns: list[
             if var >= 0:
                 cols = [var] + [int(c) for c, pattern in zip(choice, patterns) if pattern[o]]
                 build.add_row(cols, [1.0] + [-1.0] * (len(cols) - 1), 0.0, 0.0)
-        if 1 < k < blocks.count - 1:
-            build.add_row([*columns[k - 1], *choice], [*rank, *(-rank)], -np.inf, 0.0)
+        if 1 < k < blocks.count - 1:  # rank(k - 1) <= rank(k), one row per rank: [rank(k - 1) >= r] <= [rank(k) >= r]
+            for r in range(1, len(patterns)):
+                above = [int(p) for p in np.flatnonzero(rank >= r)]
+                build.add_row([*columns[k - 1][above], *choice[above]], [1.0] * len(above) + [-1.0] * len(above),
+                              -np.inf, 0.0)
     return columns
 
 
