@@ -161,8 +161,8 @@ def _insert_transfers(joint: JointGraph, kept: list[fx.Node], offloaded: dict[st
     swapped = {}
     for value in [k for k in kept if k.name in offloaded]:
         if not offloadable(value):
-            raise ValueError(f"{value.name} cannot be offloaded: it shares its storage with another value "
-                             "(a view of it, or a value written into it)")
+            raise ValueError(f"{value.name} cannot be offloaded: only a tensor that owns its storage, that no view "
+                             "or in-place op shares and that the graph does not return can be (planner.emit.offloadable)")
         how = offloaded[value.name]
         readers = [u for u in value.users if u in forward]
         backward = sorted((u for u in value.users if u not in forward), key=order.__getitem__)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["offload", "reload", "wait", "OFFLOAD", "RELOAD", "WAIT", "is_transfer"]
+__all__ = ["OFFLOAD", "RELOAD", "WAIT"]
 
 _lib = torch.library.Library("acplan", "DEF")
 _lib.define("offload(Tensor x) -> Tensor")
@@ -103,9 +103,3 @@ def _wait_fake(t: torch.Tensor, keepalive: torch.Tensor | None = None) -> torch.
 OFFLOAD = torch.ops.acplan.offload.default
 RELOAD = torch.ops.acplan.reload.default
 WAIT = torch.ops.acplan.wait.default
-offload, reload, wait = OFFLOAD, RELOAD, WAIT
-
-
-def is_transfer(node) -> bool:
-    """Whether an fx node is one of the offloading ops."""
-    return getattr(node, "target", None) in (OFFLOAD, RELOAD, WAIT)

@@ -75,12 +75,18 @@ def read_plan_file(path: str | Path) -> PlanFile:
 
 def _decision(data: Any, path: Path) -> Decision:
     names = {f.name for f in fields(Decision)}
-    required = names - {"offloaded"}  # files from before offloading have none
+    required = names - {"offloaded", "transfers"}  # files from before offloading have neither
     if not isinstance(data, dict) or not required <= set(data) or not isinstance(data.get("saved"), list):
         raise PlanFileError(f"plan file {path} has a malformed decision (expected the fields {', '.join(sorted(required))})")
     offloaded = data.get("offloaded", [])
     if not isinstance(offloaded, list) or not set(offloaded) <= set(data["saved"]):
         raise PlanFileError(f"plan file {path} has a malformed decision: \"offloaded\" must list saved values")
+    transfers = data.get("transfers", {})
+    if not isinstance(transfers, dict) or not set(transfers) <= set(offloaded) or not all(
+            isinstance(t, list) and len(t) == 2 and all(n is None or isinstance(n, str) for n in t)
+            for t in transfers.values()):
+        raise PlanFileError(f"plan file {path} has a malformed decision: \"transfers\" must give each offloaded value "
+                            "[wait_after, reload_before], node names or null")
     try:
         return Decision.from_dict({k: data[k] for k in names if k in data})
     except (TypeError, ValueError) as err:

@@ -127,9 +127,16 @@ def test_plan_files_keep_the_offloaded_values(tmp_path):
     data["decision"]["offloaded"] = plan.decision.saved[:2]
     path.write_text(json.dumps(data))
     assert read_plan_file(path).decision.offloaded == tuple(plan.decision.saved[:2])
-    del data["decision"]["offloaded"]  # a file from before offloading
+    data["decision"]["transfers"] = {plan.decision.saved[0]: [None, None]}
     path.write_text(json.dumps(data))
-    assert read_plan_file(path).decision.offloaded == ()
+    assert read_plan_file(path).decision.transfers == {plan.decision.saved[0]: [None, None]}
+    data["decision"]["transfers"] = {plan.decision.saved[0]: "after"}
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanFileError, match="transfers"):
+        read_plan_file(path)
+    del data["decision"]["offloaded"], data["decision"]["transfers"]  # a file from before offloading
+    path.write_text(json.dumps(data))
+    assert read_plan_file(path).decision.offloaded == () and read_plan_file(path).decision.transfers == {}
     data["decision"]["offloaded"] = ["not_a_saved_value"]
     path.write_text(json.dumps(data))
     with pytest.raises(PlanFileError, match="offloaded"):
