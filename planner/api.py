@@ -9,7 +9,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from planner.compiler import PYTORCH_PEAK, GraphPlan, PlannerBackend, frugal_floor, replay_graph, solve_graph
+from planner.compiler import (FAST_END_CHOICE, PYTORCH_PEAK, SPLIT_PEAK_MARGIN, GraphPlan, PlannerBackend, frugal_floor,
+                              replay_graph, solve_graph)
 from planner.bounds import fast_end_plan
 from planner.budget import Budget
 from planner.memory import Timeline
@@ -92,6 +93,9 @@ class Plan:
     def _fast_end(self) -> str:
         """What budget 1.0 is for this plan, in words."""
         stats = self.decision.stats
+        if FAST_END_CHOICE in stats:
+            return (f"PyTorch's own split, taken over the solver's plan "
+                    f"({format_bytes(stats[FAST_END_CHOICE]['solver_peak_bytes'])}, not {SPLIT_PEAK_MARGIN:.0%} less)")
         if "pytorch_split" in stats:
             return f"the planner's fast end; PyTorch's own split {stats['pytorch_split']}"
         if stats.get(PYTORCH_PEAK, float("inf")) < fast_end_plan(self.graph_plan.problem).peak_bytes:

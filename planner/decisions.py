@@ -4,6 +4,8 @@ A transformer compiled block by block, a model planned again in the same process
 comparing budgets, every run of a training script: each meets graphs it has solved before. A
 decision is kept under a key of everything that decides it: the graph's fingerprint, every
 planner setting, the device the graph runs on (estimators price per device), the torch version,
+the planner's own code (a hash of its sources, so a changed planner never reuses an older one's
+decisions),
 the times the graph runs before its backward, what the rest of the step was seen to need and
 to keep beside its backward, and, for an absolute budget, the bytes earlier graphs of the step
 hold. It is kept in memory for the process and in ``<cache dir>/decisions/``
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -41,13 +44,25 @@ def decision_key(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, 
     held = held_bytes if config.budget.nbytes is not None else 0  # a fraction is of the graph's own range
     settings = {k: v for k, v in asdict(config).items() if k != "replan"}  # when to plan, not how
     parts = {"graph": joint.fingerprint, "settings": settings, "device": _device_name(joint),
-             "torch": torch.__version__, "held_bytes": held, "repeats": repeats}
+             "torch": torch.__version__, "planner": planner_code_hash(), "held_bytes": held, "repeats": repeats}
     if rest_bytes is not None:
         parts["rest_bytes"] = rest_bytes
     if beside_backward:
         parts["beside_backward"] = beside_backward
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@lru_cache(maxsize=None)
+def planner_code_hash() -> str:
+    """A hash of the sources of the packages that decide a plan (planner, solvers, estimators)."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for package in ("planner", "solvers", "estimators"):
+        for path in sorted((root / package).glob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def reuse_or_solve(key: str, solve: Callable[[], Decision], check: Callable[[Decision], Decision]) -> Decision:

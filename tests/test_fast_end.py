@@ -129,6 +129,7 @@ def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monk
     assert "no split here" in plan.decision.stats["pytorch_split"]
     assert compiler.PYTORCH_PEAK not in plan.decision.stats
     assert plan.decision.budget_bytes == bounds.fast_end_plan(plan.problem).peak_bytes
+    forget_decisions()  # a decision made without the split is not one for later tests to reuse
 
 
 def test_the_plan_summary_says_what_budget_one_is():
@@ -140,4 +141,60 @@ def test_the_plan_summary_says_what_budget_one_is():
                                                                          time_limit=5)).summary()
              for fast_end in ("pytorch", "model")}
     assert "(1.0: PyTorch's own split, below the planner's fast end)" in lines["pytorch"]
+    # at 1.0 on the CPU (flops) the solver's plan holds no less: the split itself is the plan
+    summary = planner.plan(model, inputs, planner.PlannerConfig(memory_budget=1.0, time_limit=5)).summary()
+    assert "(1.0: PyTorch's own split, taken over the solver's plan (" in summary and "(heuristic, gap" in summary
     assert "(1.0: the planner's fast end)" in lines["model"]
+
+
+def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_less():
+    """Within SPLIT_PEAK_MARGIN of the split's peak, budget 1.0 is the split itself (what
+    torch.compile runs), said in the stats, with the solver still named; below it, the solver's."""
+    import numpy as np
+
+    from planner.compiler import FAST_END_CHOICE, SPLIT_PEAK_MARGIN, prefer_pytorch_split
+    from planner.decision import Decision
+    from planner.problem import evaluate
+
+    problem = random_problem(seed=7, n=9, timed=True, priced=True)
+    names = lambda plan: tuple(problem.names[i] for i in np.flatnonzero(plan.saved))  # noqa: E731
+
+    def solved(plan, budget):
+        return Decision(saved=names(plan), solver="cpsat", budget_bytes=budget, memory_bytes=plan.memory_bytes,
+                        peak_bytes=plan.peak_bytes, recompute_seconds=plan.recompute_seconds, status="optimal",
+                        gap=0.0, solve_seconds=0.0, save_seconds=plan.save_seconds)
+
+    plans = sorted((evaluate(problem, mask) for mask in _masks(problem)), key=lambda plan: plan.peak_bytes)
+    split, frugal = plans[-1], plans[0]
+    assert frugal.peak_bytes < (1 - SPLIT_PEAK_MARGIN) * split.peak_bytes  # the example has both cases
+    # a plan just inside the margin (at worst the split's own peak) gives way to the split
+    close = next(plan for plan in plans if plan.peak_bytes >= (1 - SPLIT_PEAK_MARGIN) * split.peak_bytes
+                 and plan.saved.tolist() != split.saved.tolist())
+    taken = prefer_pytorch_split(problem, solved(close, split.peak_bytes), split)
+    assert taken.saved == names(split) and taken.peak_bytes == split.peak_bytes and taken.solver == "cpsat"
+    assert taken.status == "heuristic" and 0.0 <= taken.gap <= 1.0
+    choice = taken.stats[FAST_END_CHOICE]
+    assert choice["plan"] == "pytorch split" and choice["solver_peak_bytes"] == close.peak_bytes
+    kept = prefer_pytorch_split(problem, solved(frugal, split.peak_bytes), split)
+    assert kept.saved == names(frugal) and FAST_END_CHOICE not in kept.stats and kept.status == "optimal"
+    # a split over the budget (an absolute one) is never taken
+    assert prefer_pytorch_split(problem, solved(frugal, split.peak_bytes - 1), split).saved == names(frugal)
+
+
+def _masks(problem):
+    """Every saved mask of a small problem that evaluate() accepts, the save-all mask first."""
+    import itertools
+
+    import numpy as np
+
+    from planner.problem import InfeasibleDecision, evaluate
+
+    free = np.flatnonzero(problem.saveable)
+    for keep in itertools.product([True, False], repeat=len(free)):
+        mask = np.zeros(len(problem), dtype=bool)
+        mask[free[list(keep)]] = True
+        try:
+            evaluate(problem, mask)
+        except InfeasibleDecision:
+            continue
+        yield mask
