@@ -50,7 +50,10 @@ class PlannerConfig:
         (:func:`planner.bounds.fast_end_plan`), or where PyTorch's own split of the graph (what
         ``torch.compile`` saves at its default ``activation_memory_budget``) has a lower peak by
         the planner's memory model, that peak: the solver then finds the fastest plan holding no
-        more than PyTorch would. ``"model"``: the planner's fast end alone.
+        more than PyTorch would, and at budget 1.0 itself the plan is PyTorch's split unless the
+        solver's holds more than 3% less (:func:`planner.compiler.prefer_pytorch_split`: the
+        estimates cannot tell plans closer than that apart; ``Decision.stats["fast_end_choice"]``
+        says when the split was taken). ``"model"``: the planner's fast end alone.
     replan : plan a compiled graph again once a training step has run, for what the step showed
         (the times the graph ran before its backward; what the graphs after it needed while its
         saved values waited), compiling it again where the plan changes
