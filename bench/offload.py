@@ -24,26 +24,6 @@ RESULTS = Path(__file__).parent / "results"
 GIB = 2**30
 
 
-def link_bytes_per_second(nbytes: int = 256 << 20, repeats: int = 5) -> dict[str, float]:
-    """Bytes per second of pinned copies device to host and host to device, measured."""
-    import torch
-
-    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    rates = {}
-    for name, (dst, src) in (("device_to_host", (host, device)), ("host_to_device", (device, host))):
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            dst.copy_(src, non_blocking=True)
-        end.record()
-        torch.cuda.synchronize()
-        rates[name] = repeats * nbytes / (start.elapsed_time(end) / 1e3)
-    return rates
-
-
 def main(argv: list[str] | None = None) -> None:
     import torch
 
@@ -53,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     from planner.compiler import PlannerBackend
     from planner.frames import own_frame
     from planner.models import GPTConfig, gpt_example
-    from planner.offload import choose_offloads, op_seconds
+    from planner.offload import choose_offloads, measure_link, op_seconds
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -67,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = GPTConfig(n_layer=args.layers, d_model=1024, n_head=16, seq_len=2048, vocab=8192, dropout=0.0, batch=8)
     base, batch = gpt_example(cfg, device="cuda")
     base = base.to(torch.bfloat16)
-    link = link_bytes_per_second()
+    link = measure_link("cuda")
     bandwidth = min(link.values())
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; GPT {cfg}")
     print(f"link: device to host {link['device_to_host'] / 1e9:.1f} GB/s, host to device "

@@ -193,4 +193,7 @@ def plan_settings(config: PlannerConfig) -> dict[str, Any]:
     budget = config.budget
     return {"memory_budget": budget.fraction if budget.fraction is not None else budget.nbytes,
             "solver": config.solver, "estimator": config.estimator, "solver_options": dict(config.solver_options),
-            "estimator_options": dict(config.estimator_options), "fast_end": config.fast_end}
+            "estimator_options": dict(config.estimator_options), "fast_end": config.fast_end,
+            # offloading settings only where they are on, so plan files from before them still match
+            **({"offload": config.offload, "offload_bandwidth": config.offload_bandwidth,
+                "offload_min_bytes": config.offload_min_bytes} if config.offload != "off" else {})}

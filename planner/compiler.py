@@ -15,7 +15,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from estimators import get_estimator
-from planner import _torch_compat
+from planner import _torch_compat, offload
 from planner.bounds import named_plan, runtime_optimal_plan
 from planner.build import build_problem, estimate_step_seconds
 from planner.tracing import make_backend
@@ -83,6 +83,8 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
                                 starts={"pytorch split": split} if split is not None else None)
         if budget.fraction == 1.0 and split is not None:
             decision = prefer_pytorch_split(problem, decision, split)
+        if config.offload == "auto":
+            decision = auto_offload(joint, problem, config, solver, decision)
         return replace(decision, stats={**decision.stats, **theirs}) if theirs else decision
 
     def decide(problem: Problem) -> Decision:
@@ -138,6 +140,32 @@ def prefer_pytorch_split(problem: Problem, decision: Decision, split: Evaluation
                                                               "solver_status": decision.status}})
 
 
+
+
+def auto_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, solver: Solver,
+                 decision: Decision) -> Decision:
+    """``offload="auto"``: the budget's plan with the offloads the host link hides
+    (:func:`planner.offload.offloaded_decision`, lowering its peak), or the fastest plan with
+    offloads that bring its peak under the budget where that is estimated faster.
+    ``stats["offload"]`` says which, and what was offloaded; on a CPU graph, that nothing is."""
+    link = offload.host_link(joint, config.offload_bandwidth)
+    if link is None:
+        return replace(decision, stats={**decision.stats, "offload": "none: the graph runs on the CPU, whose memory "
+                                                                     "is the host's"})
+    estimator = get_estimator(config.estimator, **config.estimator_options)
+    estimator.prepare([n for n in joint.graph.nodes if n.op == "call_function"])
+    runtime = offload.op_seconds(estimator, fuse=config.codegen == "inductor")
+    budget = decision.budget_bytes
+    fast = runtime_optimal_plan(problem)
+    if fast.peak_bytes > budget and fast.seconds < decision.seconds:
+        moved = offload.offloaded_decision(joint, problem, solver.solve(problem, fast.peak_bytes), runtime, budget,
+                                           link, config.offload_min_bytes)
+        if moved.peak_bytes <= budget and moved.seconds < decision.seconds:
+            note = {**moved.stats["offload"], "plan": "the fastest plan, offloaded under the budget",
+                    "seconds_without_offload": decision.seconds}
+            return replace(moved, budget_bytes=budget, stats={**moved.stats, "offload": note})
+    kept = offload.offloaded_decision(joint, problem, decision, runtime, 0, link, config.offload_min_bytes)
+    return replace(kept, stats={**kept.stats, "offload": {**kept.stats["offload"], "plan": "the budget's plan"}})
 
 
 def pytorch_split(joint: JointGraph, problem: Problem) -> tuple[Evaluation | None, dict[str, Any]]:

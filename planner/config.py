@@ -14,6 +14,7 @@ __all__ = ["PlannerConfig", "FRUGAL_SEARCHES", "FAST_ENDS", "AUTO_TIME_LIMIT"]
 
 FRUGAL_SEARCHES = ("auto", "exact", "reference")
 FAST_ENDS = ("pytorch", "model")
+OFFLOADS = ("off", "auto")
 # time_limit="auto": seconds per node of the graph's problem, and the least and most seconds.
 # PyTorch's own partition takes 0.5-1.6 ms per node on a 2-core CPU (built-in GPT, 12 and 48
 # layers, budgets 0.1-0.8); in this time CP-SAT's plans there came within 1% of the best known
@@ -54,6 +55,15 @@ class PlannerConfig:
         solver's holds more than 3% less (:func:`planner.compiler.prefer_pytorch_split`: the
         estimates cannot tell plans closer than that apart; ``Decision.stats["fast_end_choice"]``
         says when the split was taken). ``"model"``: the planner's fast end alone.
+    offload : ``"off"`` (default): saved values stay in device memory. ``"auto"``: on a CUDA
+        device, saved values may also be offloaded to host memory (:mod:`planner.offload`):
+        the plan of the budget is compared with the plan of the fast end whose offloads bring
+        its peak under the budget, and the one of fewer estimated seconds is kept; either way
+        the kept plan's saved values are offloaded where the link hides the copies and the peak
+        falls. On a CPU nothing is offloaded (``Decision.stats["offload"]`` says so).
+    offload_bandwidth : bytes per second of one direction of the host link; ``None`` measures
+        pinned copies on the device once per process.
+    offload_min_bytes : the smallest value worth offloading (default 1 MiB).
     replan : plan a compiled graph again once a training step has run, for what the step showed
         (the times the graph ran before its backward; what the graphs after it needed while its
         saved values waited), compiling it again where the plan changes
@@ -71,6 +81,9 @@ class PlannerConfig:
     frugal_search: str = "auto"
     fast_end: str = "pytorch"
     replan: bool = True
+    offload: str = "off"
+    offload_bandwidth: float | None = None
+    offload_min_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         from estimators import available_estimators
@@ -82,6 +95,15 @@ class PlannerConfig:
         _check_choice("codegen", self.codegen, list(CODEGENS))
         _check_choice("frugal_search", self.frugal_search, list(FRUGAL_SEARCHES))
         _check_choice("fast_end", self.fast_end, list(FAST_ENDS))
+        _check_choice("offload", self.offload, list(OFFLOADS))
+        if self.offload_bandwidth is not None and (isinstance(self.offload_bandwidth, bool)
+                                                   or not isinstance(self.offload_bandwidth, (int, float))
+                                                   or not self.offload_bandwidth > 0):
+            raise ConfigError(f"offload_bandwidth={self.offload_bandwidth!r} is invalid; give a positive number of "
+                              "bytes per second, or leave it unset to measure the link")
+        if isinstance(self.offload_min_bytes, bool) or not isinstance(self.offload_min_bytes, int) \
+                or self.offload_min_bytes < 0:
+            raise ConfigError(f"offload_min_bytes={self.offload_min_bytes!r} is invalid; give a non-negative int of bytes")
         if self.time_limit != "auto" and (isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float))
                                           or not self.time_limit > 0):
             raise ConfigError(f"time_limit={self.time_limit!r} is invalid; give a positive number of seconds or \"auto\"")

@@ -18,17 +18,22 @@ from the device, which the memory model counts (:func:`planner.schedule.profile`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Callable, Iterable
 
+import torch
 import torch.fx as fx
 
+from planner import _torch_compat
+from planner.decision import Decision
 from planner.emit import Transfer
 from planner.graph import JointGraph
-from planner.ops import storage_bytes
+from planner.ops import first_tensor, storage_bytes
 from planner.problem import Problem, evaluate_names, memory_profile, offloads_of
 
-__all__ = ["Placement", "place_transfers", "choose_offloads", "op_seconds", "LINK_BYTES_PER_SECOND"]
+__all__ = ["Placement", "place_transfers", "choose_offloads", "op_seconds", "offloaded_decision", "host_link",
+           "measure_link", "LINK_BYTES_PER_SECOND"]
 
 # one direction of the host link: about what pinned copies reach over PCIe 5 x16 (bytes/s)
 LINK_BYTES_PER_SECOND = 25e9
@@ -157,3 +162,47 @@ def _peak_and_area(problem: Problem, plan, offloaded: list[str], placement: Plac
     the peak yet (others hold it up at another step) still lowers the area."""
     found = memory_profile(problem, plan, offloads_of(problem, offloaded, placement.as_decision()))
     return int(found.peak), int(found.forward.sum() + found.backward.sum())
+
+
+def offloaded_decision(joint: JointGraph, problem: Problem, decision: Decision, runtime: Callable[[fx.Node], float],
+                       target_bytes: int, bytes_per_second: float, min_bytes: int) -> Decision:
+    """``decision`` with the offloads :func:`choose_offloads` picks towards ``target_bytes``: its
+    peak is the profile's with them, and ``stats["offload"]`` says what was offloaded."""
+    chosen, placement, peak = choose_offloads(joint, problem, decision.saved, runtime, target_bytes, bytes_per_second,
+                                              min_bytes)
+    moved = int(problem.nbytes[problem.index(chosen)].sum()) if chosen else 0
+    note = {"offloaded": len(chosen), "offloaded_bytes": moved, "peak_bytes_on_device_alone": decision.peak_bytes,
+            "bytes_per_second": bytes_per_second}
+    return replace(decision, offloaded=chosen, transfers=placement.as_decision(), peak_bytes=peak,
+                   stats={**decision.stats, "offload": note})
+
+
+def host_link(joint: JointGraph, bytes_per_second: float | None) -> float | None:
+    """Bytes per second of one direction of the host link of the device ``joint`` runs on:
+    ``bytes_per_second`` if given, else measured (:func:`measure_link`, the slower direction);
+    ``None`` where there is nothing to offload to (a CPU graph: host memory is its memory)."""
+    device = next((t.device for n in joint.graph.nodes if (t := first_tensor(n.meta.get("val"))) is not None), None)
+    if device is None or device.type != "cuda":
+        return None
+    return float(bytes_per_second) if bytes_per_second else min(measure_link(str(device)).values())
+
+
+@lru_cache(maxsize=None)
+def measure_link(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> dict[str, float]:
+    """Bytes per second of pinned copies device to host and host to device on a CUDA device,
+    measured once per process (on real tensors, also when called inside torch.compile)."""
+    with _torch_compat.real_tensors():
+        on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        rates = {}
+        for name, (dst, src) in (("device_to_host", (host, on_device)), ("host_to_device", (on_device, host))):
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeats):
+                dst.copy_(src, non_blocking=True)
+            end.record()
+            torch.cuda.synchronize(device)
+            rates[name] = repeats * nbytes / (start.elapsed_time(end) / 1e3)
+        return rates

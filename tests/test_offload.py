@@ -207,3 +207,38 @@ def test_the_chosen_offloads_fit_the_link_and_never_raise_the_peak():
     fast, _, fast_peak = choose_offloads(joint, problem, decision.saved, runtime, 0, 1e12, min_bytes=1)
     slow, _, slow_peak = choose_offloads(joint, problem, decision.saved, runtime, 0, 1e6, min_bytes=1)
     assert len(fast) > len(slow) and fast_peak < before  # a link that hides every copy offloads more
+
+
+def test_offload_auto_on_a_cpu_offloads_nothing_and_says_why():
+    model, inputs = MODELS["gpt"]()
+    plan = planner.plan(model, inputs, planner.PlannerConfig(memory_budget=0.5, offload="auto", time_limit=5))
+    assert plan.decision.offloaded == () and "runs on the CPU" in plan.decision.stats["offload"]
+
+
+def test_offload_auto_trades_recomputation_for_copies_the_link_hides(monkeypatch):
+    """With a link that hides every copy (the CPU standing in for a GPU's host), ``auto`` keeps
+    the fastest plan with offloads under the budget where the budget's own plan recomputes."""
+    from planner import offload
+
+    monkeypatch.setattr(offload, "host_link", lambda joint, given: 1e18)
+    settings = dict(memory_budget=0.3, codegen="eager", time_limit=5, offload_min_bytes=0)
+    model, inputs = MODELS["gpt"]()
+    plain = planner.plan(model, inputs, planner.PlannerConfig(**settings)).decision
+    auto = planner.plan(model, inputs, planner.PlannerConfig(offload="auto", **settings))
+    decision, note = auto.decision, auto.decision.stats["offload"]
+    assert decision.offloaded and note["offloaded"] == len(decision.offloaded)
+    assert decision.peak_bytes <= decision.budget_bytes == plain.budget_bytes
+    assert note["plan"] == "the fastest plan, offloaded under the budget" and decision.seconds < plain.seconds
+    problem = auto.graph_plan.problem
+    assert decision.peak_bytes == evaluate_names(problem, decision.saved, decision.offloaded,
+                                                 decision.transfers).peak_bytes
+    assert_same_step(MODELS["gpt"], lambda twin, inputs: torch.compile(
+        own_frame(twin), backend=PlannerBackend(auto.config, fixed=auto.graph_plan), fullgraph=True, dynamic=False))
+
+
+@pytest.mark.parametrize("settings, message", [({"offload": "always"}, "offload='always' is not allowed"),
+                                               ({"offload_bandwidth": -1.0}, "offload_bandwidth=-1.0 is invalid"),
+                                               ({"offload_min_bytes": 1.5}, "offload_min_bytes=1.5 is invalid")])
+def test_offload_settings_are_checked(settings, message):
+    with pytest.raises(planner.ConfigError, match=message):
+        planner.PlannerConfig(**settings)
