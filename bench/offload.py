@@ -1,5 +1,5 @@
 """Offloading on the GPU: plans that save and recompute only, against the same plans with the
-saved values the host link can carry offloaded (:func:`planner.offload.choose_offloads`).
+saved values the host link can carry offloaded (:func:`planner.offload.offloaded_decision`).
 
 The GPT of ``bench/gpu_step.py`` (bf16) in one process: the link measured first (pinned copies
 each way), then per budget the planner's plan, and that plan with every saved value offloaded
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     from planner.compiler import PlannerBackend
     from planner.frames import own_frame
     from planner.models import GPTConfig, gpt_example
-    from planner.offload import choose_offloads, measure_link, op_seconds
+    from planner.offload import measure_link, offloaded_decision, op_seconds
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -78,14 +78,12 @@ def main(argv: list[str] | None = None) -> None:
         record({"method": "planner", "budget": budget, "offloaded": 0, "offloaded_bytes": 0,
                 "predicted_peak_bytes": decision.peak_bytes}, plan.graph_plan, plan.config)
         start = time.perf_counter()
-        chosen, placement, peak = choose_offloads(joint, problem, decision.saved, runtime, 0, bandwidth,
-                                                  min_bytes=int(args.min_mib * 2**20))
+        offloaded = offloaded_decision(joint, problem, decision, runtime, 0, bandwidth, int(args.min_mib * 2**20))
         seconds = time.perf_counter() - start
-        offloaded = dataclasses.replace(decision, offloaded=chosen, transfers=placement.as_decision(), peak_bytes=peak)
-        nbytes = int(problem.nbytes[problem.index(chosen)].sum()) if chosen else 0
-        record({"method": "planner + offload", "budget": budget, "offloaded": len(chosen), "offloaded_bytes": nbytes,
-                "predicted_peak_bytes": peak, "choose_seconds": seconds},
-               dataclasses.replace(plan.graph_plan, decision=offloaded), plan.config)
+        note = offloaded.stats["offload"]
+        record({"method": "planner + offload", "budget": budget, "offloaded": note["offloaded"],
+                "offloaded_bytes": note["offloaded_bytes"], "predicted_peak_bytes": offloaded.peak_bytes,
+                "choose_seconds": seconds}, dataclasses.replace(plan.graph_plan, decision=offloaded), plan.config)
     for row, ms in zip(rows, retime(kept, batch, args.rounds, args.steps)):
         row["step_ms_alone"], row["step_ms"] = row["step_ms"], ms
     rows.append({"method": "link", **{f"{k}_bytes_per_second": v for k, v in link.items()}})

@@ -15,6 +15,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from estimators import get_estimator
+from estimators.base import Estimator
 from planner import _torch_compat, offload
 from planner.bounds import named_plan, runtime_optimal_plan
 from planner.build import build_problem, estimate_step_seconds
@@ -68,7 +69,7 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
     decides for all of them (:mod:`planner.distributed`).
     """
 
-    def solve(problem: Problem) -> Decision:
+    def solve(problem: Problem, estimator: Estimator) -> Decision:
         solver = configured_solver(config, problem)
         budget = config.budget
         exact = exact_frugal_search(config, solver, problem, held_bytes)
@@ -84,17 +85,17 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         if budget.fraction == 1.0 and split is not None:
             decision = prefer_pytorch_split(problem, decision, split)
         if config.offload == "auto":
-            decision = auto_offload(joint, problem, config, solver, decision)
+            decision = auto_offload(joint, problem, config, solver, estimator, decision)
         return replace(decision, stats={**decision.stats, **theirs}) if theirs else decision
 
-    def decide(problem: Problem) -> Decision:
+    def decide(problem: Problem, estimator: Estimator) -> Decision:
         agree_on_graph(joint.fingerprint)
         kept = partial(_fits, problem, "a decision kept in the cache", "it is solved again")
         received = partial(_fits, problem, "rank 0's decision", "give every rank the same model and settings")
 
         def on_rank0() -> Decision:  # the deciding rank alone hashes the key and looks it up
             key = decision_key(joint, config, held_bytes, repeats, rest_bytes, beside_backward)
-            return reuse_or_solve(key, lambda: solve(problem), kept)
+            return reuse_or_solve(key, lambda: solve(problem, estimator), kept)
 
         return decide_on_rank0(on_rank0, received)
 
@@ -140,9 +141,7 @@ def prefer_pytorch_split(problem: Problem, decision: Decision, split: Evaluation
                                                               "solver_status": decision.status}})
 
 
-
-
-def auto_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, solver: Solver,
+def auto_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, solver: Solver, estimator: Estimator,
                  decision: Decision) -> Decision:
     """``offload="auto"``: the budget's plan with the offloads the host link hides
     (:func:`planner.offload.offloaded_decision`, lowering its peak), or the fastest plan with
@@ -152,8 +151,7 @@ def auto_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, sol
     if link is None:
         return replace(decision, stats={**decision.stats, "offload": "none: the graph runs on the CPU, whose memory "
                                                                      "is the host's"})
-    estimator = get_estimator(config.estimator, **config.estimator_options)
-    estimator.prepare([n for n in joint.graph.nodes if n.op == "call_function"])
+    estimator.prepare([n for n in joint.graph.nodes if n.op == "call_function"])  # the backward's ops too
     runtime = offload.op_seconds(estimator, fuse=config.codegen == "inductor")
     budget = decision.budget_bytes
     fast = runtime_optimal_plan(problem)
@@ -237,7 +235,7 @@ def replay_graph(joint: JointGraph, config: PlannerConfig, decision: Decision, r
         If the decision names nodes this graph lacks or does not give the backward what it needs.
     """
 
-    def check(problem: Problem) -> Decision:
+    def check(problem: Problem, _: Estimator) -> Decision:
         return _fits(problem, "the stored plan", "delete the plan file to plan again", decision)
 
     return _plan_graph(joint, config, check, repeats)
@@ -258,14 +256,14 @@ def _fits(problem: Problem, what: str, fix: str, decision: Decision) -> Decision
     return decision
 
 
-def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Problem], Decision],
+def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Problem, Estimator], Decision],
                 repeats: int = 1, rest_bytes: int | None = None, beside_backward: int = 0) -> GraphPlan:
     """Estimate and build the problem, then ``decide`` on it; timed as a whole."""
     start = time.perf_counter()
     estimator = get_estimator(config.estimator, **config.estimator_options)
     problem = build_problem(joint, estimator, fuse=config.codegen == "inductor", repeats=repeats, rest_bytes=rest_bytes,
                             beside_backward=beside_backward)
-    decision = decide(problem)
+    decision = decide(problem, estimator)
     return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator),
                      time.perf_counter() - start, str(estimator))
 

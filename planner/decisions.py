@@ -29,7 +29,7 @@ from planner.config import PlannerConfig
 from planner.decision import Decision
 from planner.errors import PlannerError
 from planner.graph import JointGraph
-from planner.ops import device_name, first_tensor
+from planner.ops import device_name
 
 __all__ = ["decision_key", "reuse_or_solve", "forget_decisions"]
 
@@ -108,8 +108,4 @@ def _read(path: Path) -> Decision | None:
 
 
 def _device_name(joint: JointGraph) -> str:
-    for node in joint.forward_nodes:
-        tensor = first_tensor(node.meta.get("val"))
-        if tensor is not None:
-            return device_name(tensor.device)
-    return "none"
+    return device_name(joint.device) if joint.device is not None else "none"

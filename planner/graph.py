@@ -122,6 +122,17 @@ class JointGraph:
         )
 
     @cached_property
+    def device(self) -> torch.device | None:
+        """The device of the graph's first forward tensor (None if it has none)."""
+        from planner.ops import first_tensor
+
+        for node in self.forward_nodes:
+            tensor = first_tensor(node.meta.get("val"))
+            if tensor is not None:
+                return tensor.device
+        return None
+
+    @cached_property
     def fingerprint(self) -> str:
         """A hash of the graph's structure (ops, edges, shapes, dtypes), stable across processes and
         the same on every rank (devices hash by type, not index)."""

@@ -29,7 +29,7 @@ from planner import _torch_compat
 from planner.decision import Decision
 from planner.emit import Transfer
 from planner.graph import JointGraph
-from planner.ops import first_tensor, storage_bytes
+from planner.ops import storage_bytes
 from planner.problem import Problem, evaluate_names, memory_profile, offloads_of
 
 __all__ = ["Placement", "place_transfers", "choose_offloads", "op_seconds", "offloaded_decision", "host_link",
@@ -181,7 +181,7 @@ def host_link(joint: JointGraph, bytes_per_second: float | None) -> float | None
     """Bytes per second of one direction of the host link of the device ``joint`` runs on:
     ``bytes_per_second`` if given, else measured (:func:`measure_link`, the slower direction);
     ``None`` where there is nothing to offload to (a CPU graph: host memory is its memory)."""
-    device = next((t.device for n in joint.graph.nodes if (t := first_tensor(n.meta.get("val"))) is not None), None)
+    device = joint.device
     if device is None or device.type != "cuda":
         return None
     return float(bytes_per_second) if bytes_per_second else min(measure_link(str(device)).values())

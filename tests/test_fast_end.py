@@ -4,7 +4,7 @@ import math
 from hypothesis import given, settings, strategies as st
 
 import planner.bounds as bounds
-from tests.synthetic import brute_force_min_memory, random_problem
+from tests.synthetic import all_plans, brute_force_min_memory, random_problem
 
 
 def _fast_end(problem, slack, monkeypatch):
@@ -154,7 +154,6 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
 
     from planner.compiler import FAST_END_CHOICE, SPLIT_PEAK_MARGIN, prefer_pytorch_split
     from planner.decision import Decision
-    from planner.problem import evaluate
 
     problem = random_problem(seed=7, n=9, timed=True, priced=True)
     names = lambda plan: tuple(problem.names[i] for i in np.flatnonzero(plan.saved))  # noqa: E731
@@ -164,7 +163,7 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
                         peak_bytes=plan.peak_bytes, recompute_seconds=plan.recompute_seconds, status="optimal",
                         gap=0.0, solve_seconds=0.0, save_seconds=plan.save_seconds)
 
-    plans = sorted((evaluate(problem, mask) for mask in _masks(problem)), key=lambda plan: plan.peak_bytes)
+    plans = sorted(all_plans(problem), key=lambda plan: plan.peak_bytes)
     split, frugal = plans[-1], plans[0]
     assert frugal.peak_bytes < (1 - SPLIT_PEAK_MARGIN) * split.peak_bytes  # the example has both cases
     # a plan just inside the margin (at worst the split's own peak) gives way to the split
@@ -180,21 +179,3 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
     # a split over the budget (an absolute one) is never taken
     assert prefer_pytorch_split(problem, solved(frugal, split.peak_bytes - 1), split).saved == names(frugal)
 
-
-def _masks(problem):
-    """Every saved mask of a small problem that evaluate() accepts, the save-all mask first."""
-    import itertools
-
-    import numpy as np
-
-    from planner.problem import InfeasibleDecision, evaluate
-
-    free = np.flatnonzero(problem.saveable)
-    for keep in itertools.product([True, False], repeat=len(free)):
-        mask = np.zeros(len(problem), dtype=bool)
-        mask[free[list(keep)]] = True
-        try:
-            evaluate(problem, mask)
-        except InfeasibleDecision:
-            continue
-        yield mask
