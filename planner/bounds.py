@@ -134,10 +134,12 @@ def _whole(x) -> int:
 def runtime_optimal_plan(problem: Problem) -> Evaluation:
     """The plan of least estimated seconds, recomputation plus saving (budget 1.0).
 
-    Without save costs it saves every value the backward reads, recomputing only free views
-    and tuples from their (saved) bases. With them, recomputing a value can be cheaper than
-    writing and reading it back (a fused pointwise op whose inputs are saved anyway): the plan
-    is then a minimum cut of the seconds, in nanoseconds, with the saved bytes breaking ties.
+    A minimum cut of the seconds, in nanoseconds, with the saved bytes breaking ties. Without
+    save costs it saves every value the backward reads whose recomputation costs anything, and
+    of those that cost nothing (views, values made for the backward, such as ReLU's mask), the
+    ones that hold fewer bytes than what they are computed from. With save costs, recomputing a
+    value can be cheaper than writing and reading it back (a fused pointwise op whose inputs are
+    saved anyway).
     """
     return _runtime_optimal_plan(problem)
 
@@ -147,13 +149,17 @@ SECONDS_UNIT = 1e-9  # the fast plan's cut prices seconds in whole nanoseconds
 
 @lru_cache(maxsize=16)
 def _runtime_optimal_plan(problem: Problem) -> Evaluation:
+    # Lexicographic: one nanosecond outweighs every byte the plan could save.
+    scale = int(problem.nbytes.sum()) + problem.rng_state_bytes * len(problem) + 1
     if problem.save_seconds.any():
-        # Lexicographic: one nanosecond outweighs every byte the plan could save.
-        scale = int(problem.nbytes.sum()) + problem.rng_state_bytes * len(problem) + 1
         price = [scale * round(t / SECONDS_UNIT) for t in problem.runtime.tolist()]
         save = [scale * round(t / SECONDS_UNIT) for t in problem.save_seconds.tolist()]
         return evaluate(problem, cut_network(problem).cut(price, save))
-    return save_all_plan(problem)
+    # Saving is free: recompute only what costs nothing (values made for the backward, planner.
+    # build.backward_born, and fused values the backward's kernels compute from loads they make
+    # anyway), where that holds fewer bytes than saving them.
+    price = [scale if t > 0 else 0 for t in problem.runtime.tolist()]
+    return evaluate(problem, cut_network(problem).cut(price, [0] * len(problem)))
 
 
 # Budget 1.0 may cost this fraction of the forward's estimated seconds (about 1% of the step's)
@@ -255,8 +261,7 @@ def named_plan(problem: Problem, names) -> Evaluation:
 def save_all_plan(problem: Problem) -> Evaluation:
     """The plan that recomputes nothing but free views: save every value the backward reads.
 
-    Views and tuples are not saved but rebuilt from their (saved) bases at no cost. Without
-    save costs it is the runtime-optimal plan.
+    Views and tuples are not saved but rebuilt from their (saved) bases at no cost.
     """
     return _save_all_plan(problem)
 

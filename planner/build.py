@@ -45,6 +45,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     """
     nodes = joint.forward_nodes
     index = {node: i for i, node in enumerate(nodes)}
+    made_in_forward = {node for node in nodes if not backward_born(node)}  # the others run in the backward unless saved
     needed = set(joint.needed_by_backward)
     n = len(nodes)
     estimator.prepare(nodes)
@@ -68,9 +69,9 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
             reasons[i] = reason
             saveable[i] = saveable[i] or isinstance(val, _SYM)
         if saveable[i] and nbytes[i]:
-            save_seconds[i] = estimator.save_seconds(node, index)
+            save_seconds[i] = estimator.save_seconds(node, made_in_forward)
         random[i] = is_random(node)
-        runtime[i] = 0.0 if view or is_getitem(node) else estimator.recompute_seconds(node, index)
+        runtime[i] = 0.0 if view or is_getitem(node) or backward_born(node) else estimator.recompute_seconds(node, made_in_forward)
         idx.extend(index[inp] for inp in node.all_input_nodes if inp in index)
         ptr.append(len(idx))
     problem = Problem(
@@ -93,6 +94,14 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     if repeats == 1 and hands_on(joint):
         problem = _with_rest_of_step(problem, rest_bytes)
     return problem
+
+
+def backward_born(node: fx.Node) -> bool:
+    """A forward value AOTAutograd made for the backward (:func:`planner.graph.JointGraph`
+    moves it to the forward region): no forward output needs it, so it is computed once
+    whatever the plan, in the forward when saved, in the backward when not; recomputing it
+    costs nothing more."""
+    return node.meta.get("partitioner_tag") == "is_backward"
 
 
 def hands_on(joint: JointGraph) -> bool:

@@ -208,9 +208,12 @@ def test_roofline_prices_saving_by_its_memory_traffic():
     assert fast.saved[mm] and fast.recomputed[sin]
     assert fast.seconds < problem.save_seconds[sin]  # recomputing the sine beats saving it
 
+    # Without save costs, a sine that costs nothing to run again is still recomputed (saving it
+    # would hold bytes for no seconds), and a value that costs anything is saved.
     _, _, free = _sin_square_problem(save_cost=False)
-    assert not free.save_seconds.any()
-    assert runtime_optimal_plan(free).saved[sin]
+    assert not free.save_seconds.any() and free.runtime[sin] == 0.0
+    free_fast = runtime_optimal_plan(free)
+    assert free_fast.recomputed[sin] and free_fast.saved[mm] and free_fast.seconds == 0.0
 
 
 def test_plan_that_recomputes_to_save_bandwidth_trains_like_eager():

@@ -138,7 +138,8 @@ def _bound_and_simulated(name, fraction, codegen):
     decision = get_solver("cpsat").solve(problem, planner.Budget(fraction=fraction).resolve(problem))
     forward, backward = emit(joint, problem, decision.saved)
     plan = evaluate_names(problem, decision.saved)
-    recomputes = bool((plan.recomputed & problem.saveable).any())  # views and inlined constants cost nothing
+    # views and inlined constants cost nothing, values made for the backward are computed once
+    recomputes = bool((plan.recomputed & problem.saveable & (problem.runtime > 0)).any())
     return decision.peak_bytes, simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse).peak, recomputes
 
 
