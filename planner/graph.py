@@ -22,9 +22,10 @@ def _is_tangent(node: fx.Node) -> bool:
 
 
 def _in_backward(node: fx.Node) -> bool:
-    """A node the backward must run whatever it reads: tagged ``must_be_in_backward``, a mutating
-    op AOTAutograd tagged backward, or an op of the backward with no inputs (a constant the
-    backward makes for itself).
+    """A node the backward must run whatever it reads: tagged ``must_be_in_backward``, or tagged
+    backward by AOTAutograd and either with a side effect (a mutation, a collective such as a
+    backward's all-gather, an opaque call), with no inputs (a constant the backward makes for
+    itself), or of no tensor value (symbolic sizes).
 
     Other nodes AOTAutograd tagged backward but that read no tangent are forward values like any
     other (PyTorch's partitioner treats them so): ReLU's backward compares the forward's output
@@ -32,14 +33,15 @@ def _in_backward(node: fx.Node) -> bool:
     bytes; kept in the backward, the plan had to save the output (192 MiB more than PyTorch's
     split on T5 at batch 16).
     """
+    from planner.ops import side_effect
+
     tag = node.meta.get("partitioner_tag")
     if tag == "must_be_in_backward":
         return True
     if tag != "is_backward":
         return False
-    target = node.target
-    mutable = isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
-    return mutable or not node.all_input_nodes or node.op != "call_function"
+    return (node.op != "call_function" or not node.all_input_nodes or side_effect(node) is not None
+            or not isinstance(node.meta.get("val"), torch.Tensor))
 
 
 def _place_tangent_free(graph: fx.Graph) -> None:

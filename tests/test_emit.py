@@ -152,3 +152,43 @@ def test_a_broadcast_of_a_saved_value_is_made_again_in_the_backward():
     assert any(n.target is torch.ops.aten.expand.default for n in calls(bw))
     assert_same_step(lambda: (_RepeatedHeads(), (torch.randn(4, 2, 16, 8),)),
                      lambda m, inputs: planner.compile(m, memory_budget=0.5, codegen="eager", time_limit=5))
+
+
+class _ReluSum(torch.nn.Module):
+    """``relu(x @ w).mean()``: the backward reads only ReLU's mask, which AOTAutograd traces there."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 32))
+
+    def forward(self, x):
+        return torch.relu(x @ self.w).mean()
+
+
+def test_a_mask_the_backward_makes_from_forward_values_is_a_forward_value():
+    from planner.bounds import runtime_optimal_plan
+    from planner.build import backward_born
+    from tests.training import assert_same_step
+
+    def make():
+        torch.manual_seed(0)
+        return _ReluSum(), (torch.randn(8, 16),)
+
+    joint = planner.capture(*make(), codegen="inductor")  # decomposed: threshold_backward compares with 0
+    mask = next(n for n in joint.graph.nodes if n.meta.get("partitioner_tag") == "is_backward"
+                and n.meta["val"].dtype == torch.bool)
+    relu = next(n for n in joint.graph.nodes if n.target is torch.ops.aten.relu.default)
+    assert mask in joint.forward_nodes and backward_born(mask) and mask.prev is relu  # placed with its input
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    i, r = problem.names.index(mask.name), problem.names.index(relu.name)
+    assert problem.runtime[i] == 0.0 and problem.runtime[r] > 0.0  # computed once whatever the plan
+    fast = runtime_optimal_plan(problem)
+    assert fast.saved[i] and not fast.saved[r]  # a byte an element, not four
+
+    def run_planned(twin, inputs):
+        result = planner.plan(twin, inputs, memory_budget=1.0,
+                              config=planner.PlannerConfig(fast_end="model"))
+        assert mask.name in result.decision.saved and relu.name not in result.decision.saved
+        return result.module
+
+    assert_same_step(make, run_planned)
