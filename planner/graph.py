@@ -8,6 +8,8 @@ from functools import cached_property
 import torch
 import torch.fx as fx
 
+from planner.ops import first_tensor, side_effect
+
 __all__ = ["JointGraph"]
 
 
@@ -33,8 +35,6 @@ def _in_backward(node: fx.Node) -> bool:
     bytes; kept in the backward, the plan had to save the output (192 MiB more than PyTorch's
     split on T5 at batch 16).
     """
-    from planner.ops import side_effect
-
     tag = node.meta.get("partitioner_tag")
     if tag == "must_be_in_backward":
         return True
@@ -44,20 +44,11 @@ def _in_backward(node: fx.Node) -> bool:
             or not isinstance(node.meta.get("val"), torch.Tensor))
 
 
-def _place_tangent_free(graph: fx.Graph) -> None:
-    """Move each node tagged backward that reads no tangent (and is not :func:`_in_backward`)
+def _place_tangent_free(graph: fx.Graph, moved: set[fx.Node]) -> None:
+    """Move each node of ``moved`` (tagged backward, yet a forward value: :func:`_in_backward`)
     to just after its inputs, where a forward value is computed: the forward, which runs nodes
     in graph order, would otherwise compute it after the loss and keep its inputs alive through
     the whole forward. Inductor fuses such a pointwise op into its producer's kernel."""
-    backward: set[fx.Node] = set()
-    moved: set[fx.Node] = set()
-    for node in graph.nodes:
-        if node.op == "output":
-            continue
-        if _is_tangent(node) or _in_backward(node) or any(inp in backward for inp in node.all_input_nodes):
-            backward.add(node)
-        elif node.meta.get("partitioner_tag") == "is_backward":
-            moved.add(node)
     if not moved:
         return
     waiting = {node: len(set(node.all_input_nodes)) for node in moved}
@@ -95,7 +86,8 @@ class JointGraph:
     joint_inputs: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        _place_tangent_free(self.graph)
+        _place_tangent_free(self.graph, {n for n in self.graph.nodes if n.op != "output" and n not in self.backward_nodes
+                                         and n.meta.get("partitioner_tag") == "is_backward"})
 
     @property
     def graph(self) -> fx.Graph:
@@ -184,8 +176,6 @@ class JointGraph:
     @cached_property
     def device(self) -> torch.device | None:
         """The device of the graph's first forward tensor (None if it has none)."""
-        from planner.ops import first_tensor
-
         for node in self.forward_nodes:
             tensor = first_tensor(node.meta.get("val"))
             if tensor is not None:
