@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from estimators.base import Estimator
 
@@ -46,7 +46,7 @@ def count_flops(node: fx.Node) -> int:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return 0
-    if target not in flop_registry and target.overloadpacket not in flop_registry:
+    if not any(op in flop_registry or op in _FORMULAS for op in (target, target.overloadpacket)):
         return 0
     args = tree_map(_val, node.args, is_leaf=lambda x: isinstance(x, fx.Node))
     kwargs = tree_map(_val, node.kwargs, is_leaf=lambda x: isinstance(x, fx.Node))
@@ -56,7 +56,7 @@ def count_flops(node: fx.Node) -> int:
             _COUNTED.clear()
         if target.overloadpacket.__name__.startswith("_scaled_dot_product"):
             args = _query_heads(args)
-        counter = FlopCounterMode(display=False)
+        counter = FlopCounterMode(display=False, custom_mapping=_FORMULAS)
         with counter:
             target(*args, **kwargs)
         _COUNTED[key] = int(counter.get_total_flops())
@@ -64,6 +64,25 @@ def count_flops(node: fx.Node) -> int:
 
 
 _COUNTED: dict[str, int] = {}
+
+
+def _cpu_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                            **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+# Formulas torch's counter lacks before 2.14: the CPU's flash attention, which SDPA runs on a CPU,
+# takes the arguments of the CUDA kernels' formulas (query, key, value first; the backward's
+# output gradient before them), and counts as they do. Without them a CPU graph's attention was
+# free to recompute.
+_FORMULAS = {op: formula for op, formula in (
+    (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, _cpu_attention),
+    (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward, _cpu_attention_backward),
+) if op not in flop_registry}
 
 
 def _signature(arg):

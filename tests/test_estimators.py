@@ -343,6 +343,20 @@ def test_flops_of_grouped_query_attention_are_those_of_the_repeated_heads():
     assert count_flops(sdpa[0]) == count_flops(sdpa[1]) > 0
 
 
+def test_the_cpu_attention_and_its_backward_are_counted_on_every_torch():
+    # torch's counter has formulas for SDPA's CPU kernel only from 2.14 on; the estimator adds them
+    from estimators.flops import count_flops
+
+    def attention(q, k, v, grad):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, True)
+
+    q = torch.randn(2, 4, 32, 16)
+    graph = make_fx(attention, tracing_mode="fake")(q, torch.randn_like(q), torch.randn_like(q), torch.randn_like(q))
+    forward, backward = [n for n in graph.graph.nodes if "scaled_dot_product" in str(n.target)]
+    assert count_flops(backward) > count_flops(forward) > 0
+
+
 def test_flops_are_counted_once_per_call_signature_and_tell_shapes_and_arguments_apart():
     from estimators import flops
 

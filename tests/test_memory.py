@@ -13,6 +13,7 @@ from planner.emit import emit
 from planner.memory import simulate
 from planner.problem import evaluate_names, memory_profile
 from solvers import get_solver
+from planner._torch_compat import FUSION_DISTANCE
 from tests.models import MODELS
 
 aten = torch.ops.aten
@@ -274,3 +275,28 @@ def test_inductor_computes_a_reduction_in_its_pointwise_readers_kernel():
     _, (code, *_) = run_and_get_code(torch.compile(_late_sum, backend="inductor"), x, y)
     calls = [line for line in code[code.index("def call("):].splitlines() if "extern_kernels.mm(" in line or "sin" in line]
     assert "extern_kernels.mm(" in calls[0] and "sin" in calls[-1], code
+
+
+
+def _broadcast_products(x, b, c):
+    h = torch.tanh(x * b)  # the backward sums the gradients of b and c over the batch
+    return (torch.tanh(h + c) * h).sum()
+
+
+def test_the_backward_fuses_no_kernels_further_apart_than_the_limit():
+    """The guard the memory model follows: inductor compiling a backward refuses the fusions it
+    would make across more nodes than the limit (all of them at a limit of 0, none at the
+    default on this small graph), and the step trains as before."""
+    from planner._torch_compat import fusion_distance_guard
+
+    guards = []
+    inputs = [torch.randn(64, 64, requires_grad=True), torch.randn(64, requires_grad=True),
+              torch.randn(64, requires_grad=True)]
+    want = torch.autograd.grad(_broadcast_products(*inputs), inputs)
+    for limit in (FUSION_DISTANCE, 0):
+        guards.append(fusion_distance_guard(limit))
+        with torch._inductor.config.patch(_pre_fusion_custom_pass=guards[-1]):
+            torch._dynamo.reset()
+            got = torch.autograd.grad(torch.compile(_broadcast_products)(*inputs), inputs)
+        torch.testing.assert_close(got, want)
+    assert guards[0].refused == 0 < guards[1].refused

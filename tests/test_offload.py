@@ -221,7 +221,9 @@ def test_offload_auto_trades_recomputation_for_copies_the_link_hides(monkeypatch
     from planner import offload
 
     monkeypatch.setattr(offload, "host_link", lambda joint, given: 1e18)
-    settings = dict(memory_budget=0.3, codegen="eager", time_limit=5, offload_min_bytes=0)
+    # a budget the fastest plan's offloads reach on every supported torch (the greedy reaches
+    # 0.4 on 2.13 and 0.3 on 2.15, where the test GPT's graph differs)
+    settings = dict(memory_budget=0.5, codegen="eager", time_limit=5, offload_min_bytes=0)
     model, inputs = MODELS["gpt"]()
     plain = planner.plan(model, inputs, planner.PlannerConfig(**settings)).decision
     auto = planner.plan(model, inputs, planner.PlannerConfig(offload="auto", **settings))
