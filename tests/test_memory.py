@@ -7,13 +7,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import planner
 from estimators import get_estimator
+from planner._torch_compat import FUSION_DISTANCE
 from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.build import build_problem
 from planner.emit import emit
 from planner.memory import simulate
 from planner.problem import evaluate_names, memory_profile
 from solvers import get_solver
-from planner._torch_compat import FUSION_DISTANCE
 from tests.models import MODELS
 
 aten = torch.ops.aten
@@ -277,14 +277,14 @@ def test_inductor_computes_a_reduction_in_its_pointwise_readers_kernel():
     assert "extern_kernels.mm(" in calls[0] and "sin" in calls[-1], code
 
 
-
 def _broadcast_products(x, b, c):
     h = torch.tanh(x * b)  # the backward sums the gradients of b and c over the batch
     return (torch.tanh(h + c) * h).sum()
 
 
 def test_the_backward_fuses_no_kernels_further_apart_than_the_limit():
-    """The guard the memory model follows: inductor compiling a backward refuses the fusions it
+    """The planner's compile guard (the memory model does not follow it yet, see
+    planner.memory.epilogue_reduction): inductor compiling a backward refuses the fusions it
     would make across more nodes than the limit (all of them at a limit of 0, none at the
     default on this small graph), and the step trains as before."""
     from planner._torch_compat import fusion_distance_guard
