@@ -25,6 +25,8 @@ __all__ = [
     "pytorch_knapsack_solvers",
     "pytorch_partition",
     "pytorch_saved_names",
+    "pytorch_split_modules",
+    "compiled_as_pytorch",
     "compiling_frame",
     "mutated_primals",
     "gpu_spin",
@@ -132,6 +134,10 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     0.916 GiB freed at last use). Freed at last use, the caching allocator hands the block to
     the next allocation of its size instead.
 
+    A forward or backward that ``partition_fn`` marked with :func:`compiled_as_pytorch` (PyTorch's
+    own split, :func:`pytorch_split_modules`) is compiled with inductor's settings as they are
+    outside this call instead, as ``torch.compile`` compiles it.
+
     ``options`` are inductor config settings applied over these (``PlannerConfig.inductor_options``).
 
     Raises
@@ -140,7 +146,7 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
         If ``options`` names a setting this inductor does not have.
     """
     import torch._inductor.config as inductor_config
-    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
     class _Partitioner(CustomPartitionerFn):
@@ -151,19 +157,59 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
             # The split depends on the plan, so no compiled artefact may be reused across plans.
             return None
 
-    patches = {"custom_partitioner_fn": _Partitioner(), "fx_graph_cache": False, "allow_buffer_reuse": False}
+    own = {"allow_buffer_reuse": False}
     if hasattr(inductor_config, "_pre_fusion_custom_pass"):  # 2.11 and 2.13 have it
-        patches["_pre_fusion_custom_pass"] = fusion_distance_guard()
+        own["_pre_fusion_custom_pass"] = fusion_distance_guard()
     if hasattr(inductor_config, "reorder_for_peak_memory"):
-        patches["reorder_for_peak_memory"] = False
+        own["reorder_for_peak_memory"] = False
     unknown = sorted(k for k in options or {} if not hasattr(inductor_config, k))
     if unknown:
         from planner.errors import ConfigError
 
         raise ConfigError(f"inductor_options: inductor has no setting {', '.join(unknown)}; see torch._inductor.config")
-    patches.update(options or {})
+    stock = {key: getattr(inductor_config, key) for key in own} | dict(options or {})
+
+    def inner_compile(module: fx.GraphModule, inputs: list, **kwargs: Any) -> Any:
+        if not compiled_as_pytorch(module):
+            return compile_fx_inner(module, inputs, **kwargs)
+        with inductor_config.patch(stock):
+            return compile_fx_inner(module, inputs, **kwargs)
+
+    patches = {"custom_partitioner_fn": _Partitioner(), "fx_graph_cache": False, **own, **(options or {})}
     # config_patches, unlike a patch around the call, also covers a backward compiled lazily
-    return compile_fx(gm, example_inputs, config_patches=patches)
+    return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
+
+
+_AS_PYTORCH = "acplan_compiled_as_pytorch"  # output node meta: compile this module as torch.compile does
+
+
+def compiled_as_pytorch(module: fx.GraphModule, mark: bool = False) -> bool:
+    """Whether ``module`` (a forward or backward a partition function returns) is to be compiled
+    with inductor's own settings, as ``torch.compile`` compiles it (:func:`inductor_compile`);
+    with ``mark``, mark it so first. The mark sits on its output node, which the copies
+    AOTAutograd makes of a module keep."""
+    output = next(iter(module.graph.find_nodes(op="output")))
+    if mark:
+        output.meta[_AS_PYTORCH] = True
+    return bool(output.meta.get(_AS_PYTORCH))
+
+
+def pytorch_split_modules(joint: fx.GraphModule, joint_inputs: list, num_fwd_outputs: int,
+                          **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """The forward and backward modules of PyTorch's own split of ``joint`` (its partitioner at
+    ``activation_memory_budget`` 1.0), called as ``torch.compile``'s inductor calls it, each
+    marked to be compiled as ``torch.compile`` compiles it (:func:`compiled_as_pytorch`).
+    ``kwargs``: what inductor passed the partition function (``static_lifetime_input_indices``
+    ...). The split edits the graph it is given."""
+    import torch._functorch.config as functorch_config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    kwargs = {**kwargs, "compiler": "inductor", "num_fwd_outputs": num_fwd_outputs}
+    with functorch_config.patch(activation_memory_budget=1.0):
+        forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+    for module in (forward, backward):
+        compiled_as_pytorch(module, mark=True)
+    return forward, backward
 
 
 # Inductor's own distance for fusions that lengthen live ranges (``are_long_distant_nodes``).

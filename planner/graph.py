@@ -10,7 +10,7 @@ import torch.fx as fx
 
 from planner.ops import first_tensor, side_effect
 
-__all__ = ["JointGraph"]
+__all__ = ["JointGraph", "copy_module"]
 
 
 def _device_type(arg):
@@ -72,6 +72,17 @@ def _place_tangent_free(graph: fx.Graph, moved: set[fx.Node]) -> None:
         previous = node
 
 
+def copy_module(module: fx.GraphModule) -> fx.GraphModule:
+    """``module`` over a copy of its graph: the same node names and order, each node's metadata
+    copied (the output node's too, where AOTAutograd describes the outputs), attributes shared."""
+    graph = fx.Graph()
+    graph._codegen = module.graph._codegen
+    copies: dict[fx.Node, fx.Node] = {}
+    for node in module.graph.nodes:
+        copies[node] = graph.node_copy(node, copies.__getitem__)
+    return fx.GraphModule(module, graph)
+
+
 @dataclass(eq=False)
 class JointGraph:
     """AOTAutograd's joint graph: primals and tangents in, forward outputs and gradients out.
@@ -94,12 +105,9 @@ class JointGraph:
         return self.module.graph
 
     def copy(self) -> "JointGraph":
-        """The same joint graph over a copy of its nodes (same names, metadata shared), which
+        """The same joint graph over a copy of its nodes (same names, each metadata dict copied, its values shared), which
         outlives what the compile does to the original once it is partitioned."""
-        graph = fx.Graph()
-        out = graph.graph_copy(self.graph, {})
-        graph.output(out)
-        return JointGraph(fx.GraphModule(self.module, graph), self.num_fwd_outputs, list(self.joint_inputs))
+        return JointGraph(copy_module(self.module), self.num_fwd_outputs, list(self.joint_inputs))
 
     @cached_property
     def output_node(self) -> fx.Node:

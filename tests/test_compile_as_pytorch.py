@@ -1,0 +1,89 @@
+"""Budget 1.0 at PyTorch's split is torch.compile's own step: its graphs, its inductor settings."""
+import pytest
+import torch
+import torch._inductor.compile_fx as compile_fx_module
+import torch._inductor.config as inductor_config
+
+import planner
+from planner import _torch_compat
+from planner.compiler import FAST_END_CHOICE, compiles_as_pytorch
+from tests.models import MODELS
+from tests.training import assert_same_step
+
+SETTINGS = ("allow_buffer_reuse", "reorder_for_peak_memory")
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """Each module inductor compiles, with its code, whether it is marked to be compiled as
+    torch.compile does, and the inductor settings in force while it compiles."""
+    seen = []
+    original = compile_fx_module.compile_fx_inner
+
+    def recording(gm, example_inputs, **kwargs):
+        seen.append({"code": gm.code, "as_pytorch": _torch_compat.compiled_as_pytorch(gm),
+                     **{key: getattr(inductor_config, key) for key in SETTINGS}})
+        return original(gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx_inner", recording)
+    # compiled, not read back from the caches an earlier run of the suite filled
+    with inductor_config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield seen
+
+
+def _torch_compile(model):
+    """``torch.compile(model)`` (inductor as its backend calls it), its modules recorded too."""
+    def inductor(gm, example_inputs):
+        return compile_fx_module.compile_fx(gm, example_inputs, inner_compile=compile_fx_module.compile_fx_inner)
+
+    return torch.compile(planner.own_frame(model), backend=inductor)
+
+
+def _step(module, inputs):
+    out = module(*inputs)
+    (out if out.dim() == 0 else out.sum()).backward()
+
+
+@pytest.mark.parametrize("model", ["gpt", "views_inplace"])
+def test_budget_one_at_the_split_compiles_the_graphs_torch_compile_compiles(model, compiled):
+    network, inputs = MODELS[model]()
+    _step(_torch_compile(network), inputs)
+    stock = list(compiled)
+    assert len(stock) == 2
+    compiled.clear()
+    network, inputs = MODELS[model]()
+    planned = planner.compile(network, memory_budget=1.0, solver="greedy", time_limit=5)
+    _step(planned, inputs)
+    decision = planned.planner_backend.graphs[0].decision
+    assert decision.stats[FAST_END_CHOICE]["plan"] == "pytorch split" and compiles_as_pytorch(decision)
+    assert [c["code"] for c in compiled] == [c["code"] for c in stock]  # forward, then backward
+    assert all(c["as_pytorch"] for c in compiled)
+    for key in SETTINGS:  # inductor's own settings, not the planner's
+        assert [c[key] for c in compiled] == [c[key] for c in stock]
+    assert compiled[0]["allow_buffer_reuse"] is True
+
+
+def test_a_plan_of_its_own_compiles_with_the_planners_settings(compiled):
+    network, inputs = MODELS["gpt"]()
+    planned = planner.compile(network, memory_budget=0.0, solver="greedy", time_limit=5)
+    _step(planned, inputs)
+    assert not compiles_as_pytorch(planned.planner_backend.graphs[0].decision)
+    assert len(compiled) == 2 and not any(c["as_pytorch"] for c in compiled)
+    assert all(c["allow_buffer_reuse"] is False and c["reorder_for_peak_memory"] is False for c in compiled)
+
+
+def test_inductor_options_apply_to_the_split_too(compiled):
+    network, inputs = MODELS["mlp"]()
+    planned = planner.compile(network, memory_budget=1.0, solver="greedy", time_limit=5,
+                              inductor_options={"allow_buffer_reuse": False})
+    _step(planned, inputs)
+    assert compiles_as_pytorch(planned.planner_backend.graphs[0].decision)
+    assert compiled and all(c["as_pytorch"] and c["allow_buffer_reuse"] is False for c in compiled)
+
+
+@pytest.mark.parametrize("model", ["gpt", "views_inplace"])
+def test_the_split_compiled_as_torch_compile_trains_like_eager(model):
+    with torch._inductor.config.patch(fallback_random=True):
+        be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=1.0, solver="greedy")
+        assert_same_step(MODELS[model], lambda twin, inputs: torch.compile(twin, backend=be))
+    assert compiles_as_pytorch(be.graphs[0].decision)
