@@ -41,7 +41,9 @@ class PlannerConfig:
     solver_options, estimator_options : extra keyword arguments for the solver / estimator.
     inductor_options : inductor config settings for planned graphs, over the planner's own
         (``allow_buffer_reuse`` and ``reorder_for_peak_memory`` off: see
-        :func:`planner._torch_compat.inductor_compile`); ``codegen="inductor"`` only.
+        :func:`planner._torch_compat.inductor_compile`); ``codegen="inductor"`` only. Where
+        budget 1.0 takes PyTorch's split, the graph is compiled with inductor's own settings
+        (as ``torch.compile`` compiles it), and these apply over those.
     frugal_search : where budget 0 lies. ``"auto"``: the frugal reference (a local search, fast
         and deterministic), except that an exact solver at budget 0, or given an absolute budget
         below the reference's peak, runs the exact least-peak search (CP-SAT, up to
@@ -54,7 +56,10 @@ class PlannerConfig:
         more than PyTorch would, and at budget 1.0 itself the plan is PyTorch's split unless the
         solver's holds more than 3% less (:func:`planner.compiler.prefer_pytorch_split`: the
         estimates cannot tell plans closer than that apart; ``Decision.stats["fast_end_choice"]``
-        says when the split was taken). ``"model"``: the planner's fast end alone.
+        says when the split was taken). A split so taken is PyTorch's partitioner's own forward
+        and backward, compiled as ``torch.compile`` compiles them
+        (:func:`planner.compiler.compiles_as_pytorch`), so budget 1.0's step is torch.compile's
+        wherever the split is taken. ``"model"``: the planner's fast end alone.
     offload : ``"off"`` (default): saved values stay in device memory. ``"auto"``: on a CUDA
         device, saved values may also be offloaded to host memory (:mod:`planner.offload`):
         the plan of the budget is compared with the plan of the fast end whose offloads bring

@@ -12,7 +12,8 @@ from planner.errors import SolverError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver
 from solvers.graph_model import GraphModel
-from solvers.ilp import Answer, solve_from_start
+from solvers.backends import Answer
+from solvers.ilp import solve_from_start
 from solvers.peak_rows import Limit
 
 __all__ = ["CPSATSolver", "run_cpsat"]

@@ -11,13 +11,12 @@ finishes within the time limit (``optimal``). The answer is kept on disk per mem
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-import hashlib
 import json
-from pathlib import Path
 import time
-from typing import Any
 import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +25,7 @@ from planner.cache import default_cache_dir, write_json
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate
 from solvers.cpsat import run_cpsat
 from solvers.graph_model import build_graph_model
-from solvers.ilp import to_round
+from solvers.backends import to_round
 from solvers.peak_rows import solve_within_peak
 from solvers.peak_search import lower_peak
 from solvers.reference import memory_key, reference_plan, starts_from_fastest

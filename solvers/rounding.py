@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.problem import Evaluation, Problem, evaluate
+from solvers.backends import solve_highs, within_peak
 from solvers.graph_model import build_graph_model, seconds_bound, tie_broken_objective
 from solvers.peak_rows import Round, Steps, solve_within_peak
 
@@ -46,8 +47,6 @@ def round_relaxation(problem: Problem, budget_bytes: int, deadline: float, steps
 
     ``steps`` is grown in place with the steps the loop needed, for the exact program after it.
     """
-    from solvers.ilp import solve_highs  # solvers.ilp starts from this module's plans
-
     base, build = build_graph_model(problem)
     objective = tie_broken_objective(base)
     fitting: list[Evaluation] = []
@@ -89,8 +88,6 @@ def improve_near(problem: Problem, budget_bytes: int, plan: Evaluation, values: 
     """The best plan of the exact program with every 0/1 variable fixed where ``values`` (the
     relaxation's) equals ``plan``'s, solved by HiGHS with ``plan``'s objective as cutoff
     until ``deadline``; ``plan`` if none is faster. ``steps`` as in :func:`round_relaxation`."""
-    from solvers.ilp import solve_highs, within_peak
-
     def fix(build, base):
         current = base.vector(plan.saved, plan.recomputed)[: len(values)]
         for k in np.flatnonzero(np.abs(values - current) < 1e-6):

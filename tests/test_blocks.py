@@ -7,7 +7,7 @@ from planner.problem import evaluate
 from solvers import get_solver
 from solvers.blocks import block_masks, block_patterns, find_blocks, in_rank_order, pattern_ranks
 from solvers.graph_model import choose_patterns, tie_blocks
-from solvers.ilp import solve_highs, within_peak
+from solvers.backends import solve_highs, within_peak
 from tests.synthetic import random_problem, tiled_problem
 
 

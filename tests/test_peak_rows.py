@@ -13,7 +13,7 @@ from planner.decision import Status
 from planner.problem import evaluate, memory_profile
 from solvers.frugal import min_peak_plan
 from solvers.graph_model import build_graph_model
-from solvers.ilp import solve_highs, within_peak
+from solvers.backends import solve_highs, within_peak
 from solvers.peak_rows import Limit, PeakRows, Steps, memory_unit
 from tests.synthetic import all_plans, timed_problems
 
