@@ -121,9 +121,12 @@ def prefer_pytorch_split(problem: Problem, decision: Decision, split: Evaluation
     clearly less (:data:`SPLIT_PEAK_MARGIN`). The solver is still named, as what ran;
     ``stats["fast_end_choice"]`` says the split was taken and why, with the solver's plan's
     figures, and the status is ``heuristic`` (the split is no optimum of the objective; ``gap``
-    bounds it where the solver's gap is known)."""
-    if split.peak_bytes > decision.budget_bytes:
-        return decision
+    bounds it where the solver's gap is known).
+
+    Budget 1.0 resolves to the lower of the fast end's peak and the split's, so where the fast
+    end holds a little less (GPT-2's loss head, by 0.05% on an H100's prices) the split is over
+    that budget; it is still taken, the budget being the split's peak then, since a fraction
+    names no bytes: the margin alone decides."""
     if decision.peak_bytes < (1 - SPLIT_PEAK_MARGIN) * split.peak_bytes:
         return decision
     bound = None if decision.gap is None else decision.seconds * (1 - decision.gap)
@@ -131,7 +134,10 @@ def prefer_pytorch_split(problem: Problem, decision: Decision, split: Evaluation
     why = (f"the solver's plan ({decision.status}) held {decision.peak_bytes} bytes at an estimated "
            f"{decision.seconds:.3g} s against the split's {split.peak_bytes} at {split.seconds:.3g} s, "
            f"not {SPLIT_PEAK_MARGIN:.0%} less; closer than that, the estimates cannot tell the two apart")
+    if split.peak_bytes > decision.budget_bytes:
+        why += f"; the budget is the split's peak, over the fast end's {decision.budget_bytes} bytes"
     return replace(decision, saved=tuple(problem.names[i] for i in np.flatnonzero(split.saved)),
+                   budget_bytes=max(decision.budget_bytes, split.peak_bytes),
                    memory_bytes=split.memory_bytes, peak_bytes=split.peak_bytes,
                    recompute_seconds=split.recompute_seconds, save_seconds=split.save_seconds,
                    status=Status.HEURISTIC, gap=gap,

@@ -200,6 +200,10 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
     assert choice["plan"] == "pytorch split" and choice["solver_peak_bytes"] == close.peak_bytes
     kept = prefer_pytorch_split(problem, solved(frugal, split.peak_bytes), split)
     assert kept.saved == names(frugal) and FAST_END_CHOICE not in kept.stats and kept.status == "optimal"
-    # a split over the budget (an absolute one) is never taken
-    assert prefer_pytorch_split(problem, solved(frugal, split.peak_bytes - 1), split).saved == names(frugal)
+    # a fast end a little under the split resolves budget 1.0 below it: the margin alone decides
+    assert close.peak_bytes < split.peak_bytes
+    under = prefer_pytorch_split(problem, solved(close, close.peak_bytes), split)
+    assert under.saved == names(split) and under.budget_bytes == split.peak_bytes >= under.peak_bytes
+    assert "the budget is the split's peak" in under.stats[FAST_END_CHOICE]["why"]
+    assert prefer_pytorch_split(problem, solved(frugal, frugal.peak_bytes), split).saved == names(frugal)
 
