@@ -157,6 +157,19 @@ def compiles_as_pytorch(decision: Decision) -> bool:
     return decision.stats.get(FAST_END_CHOICE, {}).get("plan") == "pytorch split" and not decision.offloaded
 
 
+def _pytorch_modules(joint: fx.GraphModule, joint_inputs: Any, num_fwd_outputs: int,
+                     kwargs: dict[str, Any]) -> tuple[fx.GraphModule, fx.GraphModule] | None:
+    """PyTorch's partitioner's own split of ``joint`` (:func:`compiles_as_pytorch`), or None,
+    with a warning, where it fails here (it ran on a copy of the graph when the plan was made):
+    the planner then emits the same saved set itself, compiled its own way."""
+    try:
+        return _torch_compat.pytorch_split_modules(joint, list(joint_inputs), num_fwd_outputs, **kwargs)
+    except Exception as err:  # PyTorch's partitioner is private; the plan stands without it
+        warnings.warn(f"PyTorch's partitioner failed to split this graph ({type(err).__name__}: {err}); the planner "
+                      "emits PyTorch's saved set itself, compiled with the planner's inductor settings", stacklevel=2)
+        return None
+
+
 def auto_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, solver: Solver, estimator: Estimator,
                  decision: Decision) -> Decision:
     """``offload="auto"``: the budget's plan with the offloads the host link hides
@@ -365,8 +378,10 @@ class PlannerBackend:
                 f"({self.fixed.fingerprint}); the model, its input shapes or the codegen changed, so plan again"
             )
         decision = graph_plan.decision
-        if as_given is not None and compiles_as_pytorch(decision):
-            forward, backward = _torch_compat.pytorch_split_modules(as_given, joint_inputs, num_fwd_outputs, **kwargs)
+        split = (_pytorch_modules(as_given, joint_inputs, num_fwd_outputs, kwargs)
+                 if as_given is not None and compiles_as_pytorch(decision) else None)
+        if split is not None:
+            forward, backward = split
         else:
             transfers = {n: Transfer(*decision.transfers.get(n, (None, None))) for n in decision.offloaded}
             forward, backward = emit(joint, graph_plan.problem, decision.saved, transfers)

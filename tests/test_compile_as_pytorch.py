@@ -87,3 +87,16 @@ def test_the_split_compiled_as_torch_compile_trains_like_eager(model):
         be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=1.0, solver="greedy")
         assert_same_step(MODELS[model], lambda twin, inputs: torch.compile(twin, backend=be))
     assert compiles_as_pytorch(be.graphs[0].decision)
+
+
+def test_where_pytorchs_partitioner_fails_the_planner_emits_the_split_and_says_so(compiled, monkeypatch):
+    def fails(*args, **kwargs):
+        raise RuntimeError("no split here")
+
+    monkeypatch.setattr(_torch_compat, "pytorch_split_modules", fails)
+    network, inputs = MODELS["mlp"]()
+    planned = planner.compile(network, memory_budget=1.0, solver="greedy", time_limit=5)
+    with pytest.warns(UserWarning, match="PyTorch's partitioner failed to split this graph.*no split here"):
+        _step(planned, inputs)
+    assert compiles_as_pytorch(planned.planner_backend.graphs[0].decision)
+    assert len(compiled) == 2 and not any(c["as_pytorch"] or c["allow_buffer_reuse"] for c in compiled)
