@@ -15,7 +15,7 @@ number of graphs, the estimator that ran, plan seconds and the solvers' status.
 
 Writes ``<out>.json`` and ``<out>.md`` (a table per model and the issue's targets).
 
-    python -m bench.zoo [--models gpt2 llama vit resnet50] [--budgets 1 0.5 0.2 0]
+    python -m bench.zoo [--models gpt2 llama vit resnet50] [--budgets 1 0.5 0.2 0] [--max-seconds 480]
 """
 from __future__ import annotations
 
@@ -57,7 +57,17 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
         print(_row(mine[-1]), flush=True)
         print(_forward_line(mine[-1]), flush=True)
 
+    def out_of_time(what: str) -> bool:
+        """Past ``--max-seconds``: ``what`` is skipped (said), so the run keeps time to retime
+        what it measured and write its tables before the device call ends."""
+        late = args.deadline is not None and time.monotonic() > args.deadline
+        if late:
+            print(f"| {name} | {what}: skipped, past --max-seconds |", flush=True)
+        return late
+
     def planner_point(budget, matched=None) -> None:
+        if out_of_time(f"planner at {budget}"):
+            return
         model = copy.deepcopy(base)
         compiled = planner.compile(model, memory_budget=budget, time_limit=args.time_limit)
         backend = compiled.planner_backend
@@ -81,6 +91,8 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
     model = library_checkpointing(name, copy.deepcopy(base))
     record({"method": "library checkpointing"}, model, model)
     for budget in args.torch_budgets:
+        if out_of_time(f"torch.compile at {budget}"):
+            continue
         model = copy.deepcopy(base)
         with torch._functorch.config.patch(activation_memory_budget=budget):
             record({"method": "torch.compile", "budget": budget}, torch.compile(planner.own_frame(model)), model)
@@ -206,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--matched", action=argparse.BooleanOptionalAction, default=True,
                         help="also plan at each torch.compile point's measured peak as an absolute budget")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="start no model or compiled point after this many seconds of the run; what was measured "
+                             "is still timed again and written (leave room for that within a device call's limit)")
     parser.add_argument("--out", type=Path, default=RESULTS / "zoo")
     parser.add_argument("--report", type=Path, nargs="+",
                         help="write the tables of these JSON files instead of measuring (a model measured in "
@@ -229,7 +244,11 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict] = []
     device, version = torch.cuda.get_device_name(), torch.__version__
     print(f"{device}, torch {version}", flush=True)
+    args.deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
     for name in args.models:
+        if args.deadline is not None and time.monotonic() > args.deadline:
+            print(f"## {name}: skipped, past --max-seconds", flush=True)
+            continue
         run_model(name, args, rows, lambda: save_rows(args.out.with_suffix(".json"), device, version, rows))
     write(rows, args.out, device, version)
 
