@@ -27,7 +27,7 @@ from planner.distributed import agree_on_graph, decide_on_rank0
 from planner.emit import Transfer, emit
 from planner.errors import PlanFileError
 from planner.frames import own_forward, own_frame
-from planner.graph import JointGraph, copy_module
+from planner.graph import JointGraph
 from planner.schedule import REST_OF_STEP
 from planner.memory import Timeline, simulate
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
@@ -218,7 +218,7 @@ def pytorch_split_plan(joint: JointGraph, problem: Problem) -> Evaluation:
     step seen)."""
     names = _PYTORCH_SAVED.get(joint.fingerprint)
     if names is None:
-        names = _torch_compat.pytorch_saved_names(joint.copy().module, joint.joint_inputs, joint.num_fwd_outputs,
+        names = _torch_compat.pytorch_saved_names(joint.given_module(), joint.joint_inputs, joint.num_fwd_outputs,
                                                   known=set(problem.names))
         _PYTORCH_SAVED[joint.fingerprint] = names
     return named_plan(problem, names)
@@ -360,7 +360,6 @@ class PlannerBackend:
         """AOTAutograd partition function: plan the joint graph and split it accordingly. Where
         the plan is PyTorch's own split (:func:`compiles_as_pytorch`), the split is PyTorch's
         partitioner's own modules, compiled as torch.compile compiles them."""
-        as_given = copy_module(joint_module) if self.config.codegen == "inductor" else None
         joint = JointGraph(joint_module, num_fwd_outputs, list(joint_inputs))
         key = self._step_key
         part = self._parts.get(key)
@@ -378,8 +377,8 @@ class PlannerBackend:
                 f"({self.fixed.fingerprint}); the model, its input shapes or the codegen changed, so plan again"
             )
         decision = graph_plan.decision
-        split = (_pytorch_modules(as_given, joint_inputs, num_fwd_outputs, kwargs)
-                 if as_given is not None and compiles_as_pytorch(decision) else None)
+        split = (_pytorch_modules(joint.given_module(), joint_inputs, num_fwd_outputs, kwargs)
+                 if self.config.codegen == "inductor" and compiles_as_pytorch(decision) else None)
         if split is not None:
             forward, backward = split
         else:

@@ -95,10 +95,23 @@ class JointGraph:
     module: fx.GraphModule
     num_fwd_outputs: int
     joint_inputs: list = field(default_factory=list, repr=False)
+    # the module in AOTAutograd's order, where placing the forward values it tagged backward
+    # moved nodes (else ``module`` is in that order)
+    _given: fx.GraphModule | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _place_tangent_free(self.graph, {n for n in self.graph.nodes if n.op != "output" and n not in self.backward_nodes
-                                         and n.meta.get("partitioner_tag") == "is_backward"})
+        moved = {n for n in self.graph.nodes if n.op != "output" and n not in self.backward_nodes
+                 and n.meta.get("partitioner_tag") == "is_backward"}
+        if moved:
+            self._given = copy_module(self.module)
+        _place_tangent_free(self.graph, moved)
+
+    def given_module(self) -> fx.GraphModule:
+        """A copy of the joint graph in the order AOTAutograd handed it over, before the
+        forward values it tagged backward were placed after their inputs: what PyTorch's own
+        partitioner is given, so that its split here is the one ``torch.compile`` makes (its
+        heuristics read the order)."""
+        return copy_module(self._given if self._given is not None else self.module)
 
     @property
     def graph(self) -> fx.Graph:
@@ -107,7 +120,9 @@ class JointGraph:
     def copy(self) -> "JointGraph":
         """The same joint graph over a copy of its nodes (same names, each metadata dict copied, its values shared), which
         outlives what the compile does to the original once it is partitioned."""
-        return JointGraph(copy_module(self.module), self.num_fwd_outputs, list(self.joint_inputs))
+        copied = JointGraph(copy_module(self.module), self.num_fwd_outputs, list(self.joint_inputs))
+        copied._given = self._given  # never edited: given_module copies it
+        return copied
 
     @cached_property
     def output_node(self) -> fx.Node:
