@@ -146,7 +146,7 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
         mine = JointGraph(copy.deepcopy(joint.module), joint.num_fwd_outputs, joint.joint_inputs)
         with tempfile.TemporaryDirectory() as cache:
             os.environ["ACPLAN_CACHE_DIR"] = cache
-            for found in (frugal._FOUND, reference._FOUND, flops._COUNTED, compiler._PYTORCH_SAVED):  # what a new process starts without
+            for found in (frugal._FOUND, reference._FOUND, flops._COUNTED, compiler._PYTORCH_SPLITS):  # what a new process starts without
                 found.clear()
             forget_decisions()
             start = time.perf_counter()

@@ -25,6 +25,7 @@ __all__ = [
     "pytorch_knapsack_solvers",
     "pytorch_partition",
     "pytorch_saved_names",
+    "split_saved_names",
     "pytorch_split_modules",
     "compiled_as_pytorch",
     "compiling_frame",
@@ -286,18 +287,19 @@ def pytorch_partition() -> Callable:
 def pytorch_saved_names(joint: fx.GraphModule, joint_inputs: list, num_fwd_outputs: int,
                         known: Collection[str] | None = None) -> list[str]:
     """Names of the nodes that PyTorch's own split (what torch.compile runs at its default
-    ``activation_memory_budget`` of 1.0) saves for the backward: the backward module's inputs
-    other than tangents (saved primals by their placeholders' names). A saved value whose name
-    is not in ``known`` (by default the joint graph's nodes), such as a ``detach`` the split
-    moved into the forward, is named by the first of ``known`` it reads through first inputs,
-    or left out. The split edits the graph it is given: pass a copy
-    (:meth:`planner.graph.JointGraph.copy`)."""
-    import torch._functorch.config as functorch_config
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-
+    ``activation_memory_budget`` of 1.0, :func:`pytorch_split_modules`) saves for the backward
+    (:func:`split_saved_names`; ``known`` by default the joint graph's nodes). The split edits
+    the graph it is given: pass a copy (:meth:`planner.graph.JointGraph.given_module`)."""
     known = {n.name for n in joint.graph.nodes} if known is None else known
-    with functorch_config.patch(activation_memory_budget=1.0):
-        forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+    return split_saved_names(*pytorch_split_modules(joint, joint_inputs, num_fwd_outputs), known)
+
+
+def split_saved_names(forward: fx.GraphModule, backward: fx.GraphModule, known: Collection[str]) -> list[str]:
+    """What a split of a joint graph into ``forward`` and ``backward`` saves, named by nodes of
+    that joint graph: the backward's inputs other than tangents (saved primals by their
+    placeholders' names). A saved value whose name is not in ``known``, such as a ``detach`` the
+    split moved into the forward, is named by the first of ``known`` it reads through first
+    inputs, or left out."""
     made = {n.name: n for n in forward.graph.nodes}
     names = []
     for placeholder in backward.graph.find_nodes(op="placeholder"):

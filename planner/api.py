@@ -94,8 +94,13 @@ class Plan:
         """What budget 1.0 is for this plan, in words."""
         stats = self.decision.stats
         if FAST_END_CHOICE in stats:
-            return (f"PyTorch's own split, taken over the solver's plan "
-                    f"({format_bytes(stats[FAST_END_CHOICE]['solver_peak_bytes'])}, not {SPLIT_PEAK_MARGIN:.0%} less)")
+            choice = stats[FAST_END_CHOICE]
+            compared = choice.get("compared")  # absent from plan files written before it was kept
+            if compared is None:
+                return (f"PyTorch's own split, taken over the solver's plan "
+                        f"({format_bytes(choice['solver_peak_bytes'])}, not {SPLIT_PEAK_MARGIN:.0%} less)")
+            return (f"PyTorch's own split, taken over the solver's plan ({format_bytes(compared['solver'])} against "
+                    f"{format_bytes(compared['split'])} {compared['figures']}, not {SPLIT_PEAK_MARGIN:.0%} less)")
         if "pytorch_split" in stats:
             return f"the planner's fast end; PyTorch's own split {stats['pytorch_split']}"
         if stats.get(PYTORCH_PEAK, float("inf")) < fast_end_plan(self.graph_plan.problem).peak_bytes:

@@ -38,14 +38,30 @@ def test_without_save_costs_the_fast_end_is_the_fastest_plan():
     assert bounds.fast_end_plan(problem) is bounds.runtime_optimal_plan(problem)
 
 
+def _frugal_split(joint, problem, fuse=True):
+    """PyTorch's split stubbed as the frugal reference: a split below the planner's fast end,
+    which the test models do not have."""
+    import numpy as np
+
+    from planner.compiler import PYTORCH_PEAK, PYTORCH_SIMULATED_PEAK, simulated_peak
+
+    plan = reference_plan(problem)
+    names = tuple(problem.names[i] for i in np.flatnonzero(plan.saved))
+    return plan, {PYTORCH_PEAK: plan.peak_bytes, PYTORCH_SIMULATED_PEAK: simulated_peak(joint, problem, names, fuse)}
+
+
 def test_budget_one_holds_no_more_than_pytorchs_own_split(monkeypatch, tmp_path):
     """Budget 1.0 resolves to the least of the planner's fast end and PyTorch's split: on the
-    small CNN and GPT the fast end holds no more than the split (it saves ReLU's mask where the
-    split recomputes it); where a split holds less (here one stubbed as the most frugal plan),
-    1.0 is that split's peak and the plan holds no more; with fast_end="model" it is the
-    planner's fast end alone."""
+    small CNN and GPT the fast end holds no more than the split by the problem's figures (on
+    the CNN it saves ReLU's mask where the split, named by the nodes it saves, is priced with
+    the output), and simulated, PyTorch's modules hold what the fast end's do, so 1.0 is the
+    split itself, its budget the split's peak; where a split holds less (here one stubbed as the
+    most frugal plan), 1.0 is that split's peak and the plan holds no more; with
+    fast_end="model" it is the planner's fast end alone."""
+    import numpy as np
+
     import planner.compiler as compiler
-    from planner.compiler import PYTORCH_PEAK, pytorch_split_plan, solve_graph
+    from planner.compiler import FAST_END_CHOICE, PYTORCH_PEAK, PYTORCH_SIMULATED_PEAK, pytorch_split_plan, solve_graph
     from planner.decisions import forget_decisions
     from planner.config import PlannerConfig
     from planner.tracing import as_inputs, capture
@@ -59,13 +75,17 @@ def test_budget_one_holds_no_more_than_pytorchs_own_split(monkeypatch, tmp_path)
         fast_end = bounds.fast_end_plan(anchored.problem).peak_bytes
         assert fast_end <= theirs.peak_bytes
         assert anchored.decision.stats[PYTORCH_PEAK] == theirs.peak_bytes
-        assert anchored.decision.budget_bytes == fast_end
+        compared = anchored.decision.stats[FAST_END_CHOICE]["compared"]
+        assert compared == {"solver": compared["split"], "split": anchored.decision.stats[PYTORCH_SIMULATED_PEAK],
+                            "figures": "simulated"}
+        assert anchored.decision.saved == tuple(anchored.problem.names[i] for i in np.flatnonzero(theirs.saved))
+        assert anchored.decision.budget_bytes == theirs.peak_bytes
 
         frugal = reference_plan(anchored.problem)
         assert frugal.peak_bytes < fast_end
         forget_decisions()  # solved again, not the decision above read back
         monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path / make.__name__))
-        monkeypatch.setattr(compiler, "pytorch_split_plan", lambda joint, problem: reference_plan(problem))
+        monkeypatch.setattr(compiler, "pytorch_split", _frugal_split)
         stubbed = solve_graph(joint, PlannerConfig(memory_budget=1.0, fast_end="pytorch", time_limit=5))
         own = solve_graph(joint, PlannerConfig(memory_budget=1.0, fast_end="model", time_limit=5))
         monkeypatch.undo()
@@ -109,9 +129,9 @@ def test_pytorchs_split_runs_once_per_graph(monkeypatch, tmp_path):
     from tests import models
 
     calls = []
-    split = _torch_compat.pytorch_saved_names
-    monkeypatch.setattr(_torch_compat, "pytorch_saved_names", lambda *a, **kw: calls.append(1) or split(*a, **kw))
-    monkeypatch.setattr(compiler, "_PYTORCH_SAVED", {})
+    split = _torch_compat.pytorch_split_modules
+    monkeypatch.setattr(_torch_compat, "pytorch_split_modules", lambda *a, **kw: calls.append(1) or split(*a, **kw))
+    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     forget_decisions()  # each budget solved afresh, not reused from an earlier test
     model, inputs = models.cnn()
@@ -133,8 +153,8 @@ def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monk
     def broken(*_, **__):
         raise RuntimeError("no split here")
 
-    monkeypatch.setattr(_torch_compat, "pytorch_saved_names", broken)
-    monkeypatch.setattr(compiler, "_PYTORCH_SAVED", {})
+    monkeypatch.setattr(_torch_compat, "pytorch_split_modules", broken)
+    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     forget_decisions()  # solved afresh, not reused from an earlier test
     model, inputs = models.cnn()
@@ -157,16 +177,16 @@ def test_the_plan_summary_says_what_budget_one_is(monkeypatch, tmp_path):
         model, inputs = make()
         return planner.plan(model, inputs, planner.PlannerConfig(time_limit=5, **settings)).summary()
 
-    # on the GPT (flops) the solver's plan at 1.0 holds what the split holds: the split is the plan
-    taken = summary(models.gpt, memory_budget=1.0)
-    assert "(1.0: PyTorch's own split, taken over the solver's plan (" in taken and "(heuristic, gap" in taken
-    # on the CNN the planner's fast end holds less than the split (it saves ReLU's mask)
-    assert "(1.0: the planner's fast end)" in summary(models.cnn, memory_budget=1.0)
+    # on the GPT and the CNN (flops) the solver's plan at 1.0 simulates at the split's peak: the split is the plan
+    for make in (models.gpt, models.cnn):
+        taken = summary(make, memory_budget=1.0)
+        assert "(1.0: PyTorch's own split, taken over the solver's plan (" in taken and "simulated, not 3% less)" in taken
+        assert "(heuristic, gap" in taken
     assert "(1.0: the planner's fast end)" in summary(models.cnn, memory_budget=0.5, fast_end="model")
     # a split below the fast end (stubbed as the frugal reference) is what 1.0 means
     forget_decisions()
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compiler, "pytorch_split_plan", lambda joint, problem: reference_plan(problem))
+    monkeypatch.setattr(compiler, "pytorch_split", _frugal_split)
     assert "(1.0: PyTorch's own split, below the planner's fast end)" in summary(models.cnn, memory_budget=0.5)
     forget_decisions()
 
@@ -206,4 +226,9 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
     assert under.saved == names(split) and under.budget_bytes == split.peak_bytes >= under.peak_bytes
     assert "the budget is the split's peak" in under.stats[FAST_END_CHOICE]["why"]
     assert prefer_pytorch_split(problem, solved(frugal, frugal.peak_bytes), split).saved == names(frugal)
+    # given, the simulated peaks decide: the frugal plan close to the split there gives way to it
+    simulated = prefer_pytorch_split(problem, solved(frugal, split.peak_bytes), split, simulated=(1000, 1010))
+    assert simulated.saved == names(split)
+    assert simulated.stats[FAST_END_CHOICE]["compared"] == {"solver": 1000, "split": 1010, "figures": "simulated"}
+    assert prefer_pytorch_split(problem, solved(close, split.peak_bytes), split, simulated=(900, 1010)).saved == names(close)
 
