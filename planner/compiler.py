@@ -119,6 +119,10 @@ class _Split:
 
 
 _PYTORCH_SPLITS: dict[tuple[str, bool], _Split] = {}  # (graph fingerprint, fuse) -> PyTorch's split
+# the modules of the split weighed last, by the id of the joint graph they were made of, for the
+# compile that planned that very graph to take once instead of splitting it again (one slot, so
+# nothing else keeps graphs alive; a graph traced again, as plan() does, is split again)
+_LAST_SPLIT_MODULES: dict[int, tuple[JointGraph, fx.GraphModule, fx.GraphModule]] = {}
 FAST_END_CHOICE = "fast_end_choice"  # Decision.stats: budget 1.0 took PyTorch's split over the solver's plan, and why
 # Budget 1.0 keeps the solver's plan over PyTorch's split only where it holds clearly less: a
 # predicted peak lower by more than the memory model's own tolerance at the fast end (the 3% of
@@ -184,13 +188,17 @@ def compiles_as_pytorch(decision: Decision) -> bool:
     return decision.stats.get(FAST_END_CHOICE, {}).get("plan") == "pytorch split" and not decision.offloaded
 
 
-def _pytorch_modules(joint: fx.GraphModule, joint_inputs: Any, num_fwd_outputs: int,
-                     kwargs: dict[str, Any]) -> tuple[fx.GraphModule, fx.GraphModule] | None:
-    """PyTorch's partitioner's own split of ``joint`` (:func:`compiles_as_pytorch`), or None,
-    with a warning, where it fails here (it ran on a copy of the graph when the plan was made):
-    the planner then emits the same saved set itself, compiled its own way."""
+def _pytorch_modules(joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule] | None:
+    """PyTorch's partitioner's own split of ``joint`` (:func:`compiles_as_pytorch`): the modules
+    weighed when this graph's plan was made, where they were the last weighed (the same call on
+    the same graph, so the same modules), else split again; None, with a warning, where that fails here: the planner then
+    emits the same saved set itself, compiled its own way."""
+    weighed = _LAST_SPLIT_MODULES.pop(id(joint), None)
+    if weighed is not None and weighed[0] is joint:
+        return weighed[1:]
     try:
-        return _torch_compat.pytorch_split_modules(joint, list(joint_inputs), num_fwd_outputs, **kwargs)
+        return _torch_compat.pytorch_split_modules(joint.given_module(), list(joint.joint_inputs),
+                                                   joint.num_fwd_outputs, **joint.partition_kwargs)
     except Exception as err:  # PyTorch's partitioner is private; the plan stands without it
         warnings.warn(f"PyTorch's partitioner failed to split this graph ({type(err).__name__}: {err}); the planner "
                       "emits PyTorch's saved set itself, compiled with the planner's inductor settings", stacklevel=2)
@@ -253,10 +261,12 @@ def _pytorch_split(joint: JointGraph, problem: Problem, fuse: bool) -> _Split:
     found = _PYTORCH_SPLITS.get(key)
     if found is None:
         forward, backward = _torch_compat.pytorch_split_modules(joint.given_module(), joint.joint_inputs,
-                                                                joint.num_fwd_outputs)
+                                                                joint.num_fwd_outputs, **joint.partition_kwargs)
         names = _torch_compat.split_saved_names(forward, backward, known=set(problem.names))
         found = _Split(names, simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse).peak)
         _PYTORCH_SPLITS[key] = found
+        _LAST_SPLIT_MODULES.clear()
+        _LAST_SPLIT_MODULES[id(joint)] = joint, forward, backward
     return found
 
 
@@ -403,7 +413,7 @@ class PlannerBackend:
         """AOTAutograd partition function: plan the joint graph and split it accordingly. Where
         the plan is PyTorch's own split (:func:`compiles_as_pytorch`), the split is PyTorch's
         partitioner's own modules, compiled as torch.compile compiles them."""
-        joint = JointGraph(joint_module, num_fwd_outputs, list(joint_inputs))
+        joint = JointGraph(joint_module, num_fwd_outputs, list(joint_inputs), kwargs)
         key = self._step_key
         part = self._parts.get(key)
         if part is not None and part.plan is not None and part.plan.fingerprint == joint.fingerprint:
@@ -420,8 +430,8 @@ class PlannerBackend:
                 f"({self.fixed.fingerprint}); the model, its input shapes or the codegen changed, so plan again"
             )
         decision = graph_plan.decision
-        split = (_pytorch_modules(joint.given_module(), joint_inputs, num_fwd_outputs, kwargs)
-                 if self.config.codegen == "inductor" and compiles_as_pytorch(decision) else None)
+        split = (_pytorch_modules(joint) if self.config.codegen == "inductor" and compiles_as_pytorch(decision)
+                 else None)
         if split is not None:
             forward, backward = split
         else:

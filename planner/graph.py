@@ -95,6 +95,9 @@ class JointGraph:
     module: fx.GraphModule
     num_fwd_outputs: int
     joint_inputs: list = field(default_factory=list, repr=False)
+    # what inductor passes a partition function beside the graph (static_lifetime_input_indices:
+    # the parameters, which PyTorch's partitioner counts free to save)
+    partition_kwargs: dict = field(default_factory=dict, repr=False)
     # the module in AOTAutograd's order, where placing the forward values it tagged backward
     # moved nodes (else ``module`` is in that order)
     _given: fx.GraphModule | None = field(default=None, init=False, repr=False)
@@ -120,7 +123,8 @@ class JointGraph:
     def copy(self) -> "JointGraph":
         """The same joint graph over a copy of its nodes (same names, each metadata dict copied, its values shared), which
         outlives what the compile does to the original once it is partitioned."""
-        copied = JointGraph(copy_module(self.module), self.num_fwd_outputs, list(self.joint_inputs))
+        copied = JointGraph(copy_module(self.module), self.num_fwd_outputs, list(self.joint_inputs),
+                            dict(self.partition_kwargs))
         copied._given = self._given  # never edited: given_module copies it
         return copied
 

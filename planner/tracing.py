@@ -77,8 +77,8 @@ def capture(model: nn.Module, example_inputs: Any, codegen: str = "eager",
             "to plan; call model.train() and make sure its parameters have requires_grad=True"
         )
 
-    def grab(joint, joint_inputs, *, num_fwd_outputs, **_):
-        raise _Captured(JointGraph(joint, num_fwd_outputs, list(joint_inputs)))
+    def grab(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        raise _Captured(JointGraph(joint, num_fwd_outputs, list(joint_inputs), kwargs))
 
     target = own_frame(model) if isinstance(model, nn.Module) else model
     compiled = torch.compile(target, backend=make_backend(grab, codegen, inductor_options), fullgraph=True, dynamic=False)

@@ -130,3 +130,24 @@ def test_where_pytorchs_partitioner_fails_the_planner_emits_the_split_and_says_s
         _step(planned, inputs)
     assert compiles_as_pytorch(planned.planner_backend.graphs[0].decision)
     assert len(compiled) == 2 and not any(c["as_pytorch"] or c["allow_buffer_reuse"] for c in compiled)
+
+
+def test_a_compile_at_the_split_runs_pytorchs_partitioner_once_per_graph(compiled, monkeypatch, tmp_path):
+    """The split weighed while planning is the one compiled: same graph, same arguments
+    (inductor's static inputs, the parameters, which PyTorch's partitioner counts free to save)."""
+    from planner import compiler
+    from planner.decisions import forget_decisions
+
+    calls = []
+    split = _torch_compat.pytorch_split_modules
+    monkeypatch.setattr(_torch_compat, "pytorch_split_modules", lambda *a, **kw: calls.append(kw) or split(*a, **kw))
+    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
+    forget_decisions()  # solved here, not read back from an earlier test
+    network, inputs = _gpt_without_dropout()
+    planned = planner.compile(network, memory_budget=1.0, solver="greedy", time_limit=5)
+    _step(planned, inputs)
+    forget_decisions()
+    assert compiles_as_pytorch(planned.planner_backend.graphs[0].decision)
+    assert len(calls) == 1 and calls[0]["static_lifetime_input_indices"]
+    assert len(compiled) == 2 and all(c["as_pytorch"] for c in compiled)

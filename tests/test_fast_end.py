@@ -54,8 +54,8 @@ def test_budget_one_holds_no_more_than_pytorchs_own_split(monkeypatch, tmp_path)
     """Budget 1.0 resolves to the least of the planner's fast end and PyTorch's split: on the
     small CNN and GPT the fast end holds no more than the split by the problem's figures (on
     the CNN it saves ReLU's mask where the split, named by the nodes it saves, is priced with
-    the output), and simulated, PyTorch's modules hold what the fast end's do, so 1.0 is the
-    split itself, its budget the split's peak; where a split holds less (here one stubbed as the
+    the output), and simulated, PyTorch's modules hold about what the fast end's do, so 1.0 is
+    the split itself, its budget the split's peak; where a split holds less (here one stubbed as the
     most frugal plan), 1.0 is that split's peak and the plan holds no more; with
     fast_end="model" it is the planner's fast end alone."""
     import numpy as np
@@ -76,8 +76,8 @@ def test_budget_one_holds_no_more_than_pytorchs_own_split(monkeypatch, tmp_path)
         assert fast_end <= theirs.peak_bytes
         assert anchored.decision.stats[PYTORCH_PEAK] == theirs.peak_bytes
         compared = anchored.decision.stats[FAST_END_CHOICE]["compared"]
-        assert compared == {"solver": compared["split"], "split": anchored.decision.stats[PYTORCH_SIMULATED_PEAK],
-                            "figures": "simulated"}
+        assert compared["figures"] == "simulated" and compared["split"] == anchored.decision.stats[PYTORCH_SIMULATED_PEAK]
+        assert compared["solver"] >= (1 - compiler.SPLIT_PEAK_MARGIN) * compared["split"]
         assert anchored.decision.saved == tuple(anchored.problem.names[i] for i in np.flatnonzero(theirs.saved))
         assert anchored.decision.budget_bytes == theirs.peak_bytes
 
