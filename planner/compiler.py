@@ -188,21 +188,33 @@ def compiles_as_pytorch(decision: Decision) -> bool:
     return decision.stats.get(FAST_END_CHOICE, {}).get("plan") == "pytorch split" and not decision.offloaded
 
 
-def _pytorch_modules(joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule] | None:
+def _pytorch_modules(joint: JointGraph, problem: Problem,
+                     decision: Decision) -> tuple[fx.GraphModule, fx.GraphModule] | None:
     """PyTorch's partitioner's own split of ``joint`` (:func:`compiles_as_pytorch`): the modules
     weighed when this graph's plan was made, where they were the last weighed (the same call on
-    the same graph, so the same modules), else split again; None, with a warning, where that fails here: the planner then
-    emits the same saved set itself, compiled its own way."""
+    the same graph, so the same modules), else split again. None, with a warning, where that
+    fails here, or where the split saves other values than ``decision`` (a plan file made with
+    another torch): the planner then emits the decision's saved set itself, compiled its own way."""
     weighed = _LAST_SPLIT_MODULES.pop(id(joint), None)
     if weighed is not None and weighed[0] is joint:
         return weighed[1:]
     try:
-        return _torch_compat.pytorch_split_modules(joint.given_module(), list(joint.joint_inputs),
-                                                   joint.num_fwd_outputs, **joint.partition_kwargs)
+        forward, backward = _torch_compat.pytorch_split_modules(joint.given_module(), list(joint.joint_inputs),
+                                                                joint.num_fwd_outputs, **joint.partition_kwargs)
+        names = _torch_compat.split_saved_names(forward, backward, known=set(problem.names))
+        saved = named_plan(problem, names).saved
     except Exception as err:  # PyTorch's partitioner is private; the plan stands without it
         warnings.warn(f"PyTorch's partitioner failed to split this graph ({type(err).__name__}: {err}); the planner "
                       "emits PyTorch's saved set itself, compiled with the planner's inductor settings", stacklevel=2)
         return None
+    theirs = {problem.names[i] for i in np.flatnonzero(saved)}
+    if theirs != set(decision.saved):
+        warnings.warn(f"PyTorch's split of this graph saves other values than the plan, which took that split "
+                      f"({len(theirs ^ set(decision.saved))} differ; a plan file made with another torch?); the "
+                      "planner emits the plan's saved set itself, compiled with the planner's inductor settings",
+                      stacklevel=2)
+        return None
+    return forward, backward
 
 
 def auto_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, solver: Solver, estimator: Estimator,
@@ -430,8 +442,8 @@ class PlannerBackend:
                 f"({self.fixed.fingerprint}); the model, its input shapes or the codegen changed, so plan again"
             )
         decision = graph_plan.decision
-        split = (_pytorch_modules(joint) if self.config.codegen == "inductor" and compiles_as_pytorch(decision)
-                 else None)
+        split = (_pytorch_modules(joint, graph_plan.problem, decision)
+                 if self.config.codegen == "inductor" and compiles_as_pytorch(decision) else None)
         if split is not None:
             forward, backward = split
         else:

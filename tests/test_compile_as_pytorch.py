@@ -151,3 +151,37 @@ def test_a_compile_at_the_split_runs_pytorchs_partitioner_once_per_graph(compile
     assert compiles_as_pytorch(planned.planner_backend.graphs[0].decision)
     assert len(calls) == 1 and calls[0]["static_lifetime_input_indices"]
     assert len(compiled) == 2 and all(c["as_pytorch"] for c in compiled)
+
+
+def test_a_plan_made_ahead_compiles_the_split_it_names(compiled):
+    """plan() solves on a capture and compiles later on a graph traced again: the split found
+    then saves what the plan names, so it is compiled as torch.compile does, with no warning."""
+    import warnings
+
+    network, inputs = _gpt_without_dropout()
+    result = planner.plan(network, inputs, memory_budget=1.0, solver="greedy", config=planner.PlannerConfig(time_limit=5))
+    assert compiles_as_pytorch(result.decision)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="PyTorch's")
+        _step(result.module, inputs)
+    assert len(compiled) == 2 and all(c["as_pytorch"] for c in compiled)
+
+
+def test_a_plan_whose_split_saves_otherwise_is_emitted_as_it_names(compiled):
+    """A plan that says it took PyTorch's split but names other values (a plan file made with
+    another torch) runs what it names: the emitter's modules, and a warning says why."""
+    from dataclasses import replace
+
+    from planner.api import Plan
+    from planner.bounds import runtime_optimal_plan
+
+    network, inputs = _gpt_without_dropout()
+    result = planner.plan(network, inputs, memory_budget=1.0, solver="greedy", config=planner.PlannerConfig(time_limit=5))
+    problem = result.graph_plan.problem
+    other = tuple(problem.names[i] for i in runtime_optimal_plan(problem).saved.nonzero()[0])
+    assert set(other) != set(result.decision.saved)
+    tampered = replace(result.graph_plan, decision=replace(result.decision, saved=other))
+    network, inputs = _gpt_without_dropout()
+    with pytest.warns(UserWarning, match="saves other values than the plan"):
+        _step(Plan(network, tampered, result.config).module, inputs)
+    assert len(compiled) == 2 and not any(c["as_pytorch"] for c in compiled)
