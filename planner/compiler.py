@@ -195,13 +195,11 @@ def _pytorch_modules(joint: JointGraph, problem: Problem,
     the same graph, so the same modules), else split again. None, with a warning, where that
     fails here, or where the split saves other values than ``decision`` (a plan file made with
     another torch): the planner then emits the decision's saved set itself, compiled its own way."""
-    weighed = _LAST_SPLIT_MODULES.pop(id(joint), None)
-    if weighed is not None and weighed[0] is joint:
+    weighed = _LAST_SPLIT_MODULES.pop(id(joint), None)  # the slot holds its graph: the id names no other
+    if weighed is not None:
         return weighed[1:]
     try:
-        forward, backward = _torch_compat.pytorch_split_modules(joint.given_module(), list(joint.joint_inputs),
-                                                                joint.num_fwd_outputs, **joint.partition_kwargs)
-        names = _torch_compat.split_saved_names(forward, backward, known=set(problem.names))
+        forward, backward, names = _split_of(joint, problem)
         saved = named_plan(problem, names).saved
     except Exception as err:  # PyTorch's partitioner is private; the plan stands without it
         warnings.warn(f"PyTorch's partitioner failed to split this graph ({type(err).__name__}: {err}); the planner "
@@ -249,13 +247,14 @@ def pytorch_split(joint: JointGraph, problem: Problem, fuse: bool = True) -> tup
     read as a plan of ``problem``, ``(None, {"pytorch_split": why})`` (a warning says so, and
     budget 1.0 is the planner's own fast end)."""
     try:
-        split = pytorch_split_plan(joint, problem, fuse)
+        found = _pytorch_split(joint, problem, fuse)
+        split = named_plan(problem, found.names)
     except Exception as err:  # PyTorch's partitioner is private and may fail on graphs the planner takes
         why = f"{type(err).__name__}: {err}"
         warnings.warn(f"PyTorch's own split of this graph failed ({why}); budget 1.0 is the planner's fast end "
                       "alone (fast_end='model')", stacklevel=2)
         return None, {"pytorch_split": f"failed ({why})"}
-    return split, {PYTORCH_PEAK: split.peak_bytes, PYTORCH_SIMULATED_PEAK: _pytorch_split(joint, problem, fuse).simulated_peak}
+    return split, {PYTORCH_PEAK: split.peak_bytes, PYTORCH_SIMULATED_PEAK: found.simulated_peak}
 
 
 def pytorch_split_plan(joint: JointGraph, problem: Problem, fuse: bool = True) -> Evaluation:
@@ -272,14 +271,20 @@ def _pytorch_split(joint: JointGraph, problem: Problem, fuse: bool) -> _Split:
     key = (joint.fingerprint, fuse)
     found = _PYTORCH_SPLITS.get(key)
     if found is None:
-        forward, backward = _torch_compat.pytorch_split_modules(joint.given_module(), joint.joint_inputs,
-                                                                joint.num_fwd_outputs, **joint.partition_kwargs)
-        names = _torch_compat.split_saved_names(forward, backward, known=set(problem.names))
+        forward, backward, names = _split_of(joint, problem)
         found = _Split(names, simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse).peak)
         _PYTORCH_SPLITS[key] = found
         _LAST_SPLIT_MODULES.clear()
         _LAST_SPLIT_MODULES[id(joint)] = joint, forward, backward
     return found
+
+
+def _split_of(joint: JointGraph, problem: Problem) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
+    """PyTorch's partitioner's modules for ``joint`` as handed over, with inductor's arguments
+    (:attr:`JointGraph.partition_kwargs`), and what they save, named by nodes of ``problem``."""
+    forward, backward = _torch_compat.pytorch_split_modules(joint.given_module(), list(joint.joint_inputs),
+                                                            joint.num_fwd_outputs, **joint.partition_kwargs)
+    return forward, backward, _torch_compat.split_saved_names(forward, backward, known=set(problem.names))
 
 
 def simulated_peak(joint: JointGraph, problem: Problem, saved: tuple[str, ...], fuse: bool = True) -> int:

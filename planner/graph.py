@@ -99,14 +99,15 @@ class JointGraph:
     # the parameters, which PyTorch's partitioner counts free to save)
     partition_kwargs: dict = field(default_factory=dict, repr=False)
     # the module in AOTAutograd's order, where placing the forward values it tagged backward
-    # moved nodes (else ``module`` is in that order)
-    _given: fx.GraphModule | None = field(default=None, init=False, repr=False)
+    # moved nodes (else ``module`` is in that order); a copy of a placed graph is given its
+    # original's, never edited (given_module copies it)
+    given: fx.GraphModule | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         moved = {n for n in self.graph.nodes if n.op != "output" and n not in self.backward_nodes
                  and n.meta.get("partitioner_tag") == "is_backward"}
-        if moved:
-            self._given = copy_module(self.module)
+        if moved and self.given is None:
+            self.given = copy_module(self.module)
         _place_tangent_free(self.graph, moved)
 
     def given_module(self) -> fx.GraphModule:
@@ -114,19 +115,18 @@ class JointGraph:
         forward values it tagged backward were placed after their inputs: what PyTorch's own
         partitioner is given, so that its split here is the one ``torch.compile`` makes (its
         heuristics read the order)."""
-        return copy_module(self._given if self._given is not None else self.module)
+        return copy_module(self.given if self.given is not None else self.module)
 
     @property
     def graph(self) -> fx.Graph:
         return self.module.graph
 
     def copy(self) -> "JointGraph":
-        """The same joint graph over a copy of its nodes (same names, each metadata dict copied, its values shared), which
-        outlives what the compile does to the original once it is partitioned."""
-        copied = JointGraph(copy_module(self.module), self.num_fwd_outputs, list(self.joint_inputs),
-                            dict(self.partition_kwargs))
-        copied._given = self._given  # never edited: given_module copies it
-        return copied
+        """The same joint graph over a copy of its nodes (same names, each metadata dict copied,
+        its values shared), which outlives what the compile does to the original once it is
+        partitioned."""
+        return JointGraph(copy_module(self.module), self.num_fwd_outputs, list(self.joint_inputs),
+                          dict(self.partition_kwargs), self.given)
 
     @cached_property
     def output_node(self) -> fx.Node:
