@@ -2,7 +2,10 @@
 
 Methods: eager, torch.compile with PyTorch's ``activation_memory_budget``, and the planner as
 the torch.compile backend (inductor) at the same budgets. Peak activation memory is
-``max_memory_allocated`` during a step minus ``memory_allocated`` before it; step time is the
+``max_memory_allocated`` during a step minus ``memory_allocated`` before it, measured from an
+emptied cache (the caching allocator hands out whole cached blocks a little larger than asked
+for, so one program measured after another could read a few hundred KiB apart); the peak of the
+bytes tensors asked for (``requested_bytes``) is kept beside it. Step time is the
 median of ``--steps`` CUDA-event-timed steps after two warm-up steps: the first compiles, and in
 the second the planner plans graphs again for the step it saw (``PlannerConfig.replan``).
 
@@ -27,13 +30,17 @@ WARM_UP_STEPS = 2
 
 def measure(run, params, batch, steps: int) -> dict:
     """Peak activation memory (bytes) and median step time (ms) of ``run(*batch).backward()``,
-    and of one step's forward: its peak and the bytes it leaves alive for the backward."""
+    and of one step's forward: its peak and the bytes it leaves alive for the backward.
+    ``peak_requested_bytes``: the step's peak of the bytes its tensors asked for, which no
+    earlier allocation in the process changes."""
     for _ in range(WARM_UP_STEPS):  # the first compiles; the second may compile graphs planned again
         _clear(params)
         run(*batch).backward()
     torch.cuda.synchronize()
     _clear(params)
+    torch.cuda.empty_cache()  # cached blocks left by earlier runs would round this one's allocations
     before = torch.cuda.memory_allocated()
+    requested_before = _requested()
     torch.cuda.reset_peak_memory_stats()
     loss = run(*batch)  # one step in halves: what the forward peaks at and keeps for the backward
     torch.cuda.synchronize()
@@ -44,7 +51,12 @@ def measure(run, params, batch, steps: int) -> dict:
     _clear(params)
     times = step_times(run, params, batch, steps)
     return {"peak_activation_bytes": torch.cuda.max_memory_allocated() - before, "step_ms": statistics.median(times),
-            **forward}
+            "peak_requested_bytes": _requested("peak") - requested_before, **forward}
+
+
+def _requested(which: str = "current") -> int:
+    """Bytes the live tensors asked for (``current``) or their peak since the last reset."""
+    return torch.cuda.memory_stats().get(f"requested_bytes.all.{which}", 0)
 
 
 def step_times(run, params, batch, steps: int) -> list[float]:

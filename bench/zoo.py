@@ -168,8 +168,11 @@ def targets(rows: list[dict], slack: float = 1.01) -> list[str]:
 
     if ref and one:
         ok = one["peak_activation_bytes"] <= ref["peak_activation_bytes"] and one["step_ms"] <= slack * ref["step_ms"]
+        requested = [r.get("peak_requested_bytes") for r in (one, ref)]
+        tensors = ("" if None in requested else
+                   f"; the tensors' requested peaks {requested[0] / GIB:.4f} against {requested[1] / GIB:.4f} GiB")
         lines.append(f"(a) {verdict(ok)}: planner 1.0 {_gm(one)} against torch.compile 1.0 {_gm(ref)} "
-                     f"({one['step_ms'] / ref['step_ms']:.3f}x time)")
+                     f"({one['step_ms'] / ref['step_ms']:.3f}x time{tensors})")
     met = 0
     for t in torch_rows:
         best = fastest_within(ours, t)

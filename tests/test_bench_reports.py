@@ -115,3 +115,18 @@ def test_solver_bench_solves_the_same_budgets_in_a_later_run(tmp_path, monkeypat
     assert second["frugal_cache"] in printed and "searched in this run" in printed
     assert second["budget_bytes"] == first["budget_bytes"] and second["frugal_peak_bytes"] == first["frugal_peak_bytes"]
     assert first["method"] == "greedy" and first["objective"] > 0
+
+
+def test_zoo_target_a_quotes_the_tensors_requested_peaks_beside_the_allocated_ones():
+    from bench.zoo import targets as zoo_targets
+
+    gib = 2**30
+    rows = [{"model": "m", "method": "torch.compile", "budget": 1.0, "peak_activation_bytes": 2 * gib,
+             "peak_requested_bytes": gib, "step_ms": 10.0},
+            {"model": "m", "method": "planner", "budget": 1.0, "peak_activation_bytes": 2 * gib + 4096,
+             "peak_requested_bytes": gib, "step_ms": 10.0}]
+    line = zoo_targets(rows)[0]
+    assert line.startswith("(a) NOT met")  # decided by the allocator's bytes, as measured
+    assert "requested peaks 1.0000 against 1.0000 GiB" in line
+    del rows[0]["peak_requested_bytes"]  # runs from before the field: no such clause
+    assert "requested" not in zoo_targets(rows)[0]
