@@ -170,7 +170,8 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
                               "cold_seconds": seconds, "pytorch_partition_seconds": theirs,
                               "ratio": seconds / theirs, "objective": d.seconds, "peak_bytes": d.peak_bytes,
                               "budget_bytes": d.budget_bytes, "status": d.status, "proven_gap": d.gap,
-                              "time_limit_s": config.solver_seconds(len(problem)), "repeats": repeats})
+                              "time_limit_s": d.stats["time_limit"]["seconds"], "time_limit_rule": d.stats["time_limit"]["rule"],
+                              "repeats": repeats})
                 if best_known is None:
                     print(_cold_row(point[-1]), flush=True)
             if best_known is not None:

@@ -78,7 +78,9 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
                     "predicted_held_bytes": held, "graphs": len(backend.graphs),
                     "estimator": backend.graphs[0].estimator if backend.graphs else None,
                     "plan_seconds": sum(g.plan_seconds for g in backend.graphs),
-                    "status": ",".join(sorted({g.decision.status for g in backend.graphs}))}
+                    "status": ",".join(sorted({g.decision.status for g in backend.graphs})),
+                    "time_limits": [g.decision.stats.get("time_limit") for g in backend.graphs],
+                    "pytorch_split_seconds": [g.decision.stats.get("pytorch_split_seconds") for g in backend.graphs]}
         try:
             record({"method": "planner", "budget": budget, "matched": matched}, compiled, model, details)
         except PlannerError as err:

@@ -45,6 +45,12 @@ class Prediction:
         return self.recompute_seconds / self.step_seconds if self.step_seconds > 0 else 0.0
 
 
+def _time_limit(decision: Decision) -> str:
+    """The solver's time limit as the summary quotes it (decisions from before it was kept: none)."""
+    limit = decision.stats.get("time_limit")
+    return "" if limit is None else f"; limit {limit['seconds']:.3g} s, {limit['rule']}"
+
+
 class Plan:
     """A solved plan for one model and input shape.
 
@@ -112,7 +118,7 @@ class Plan:
         d, p = self.decision, self.predicted
         gap = "n/a" if d.gap is None else f"{d.gap:.2%}"
         rows = [
-            ("solver", f"{d.solver} ({d.status}, gap {gap})"),
+            ("solver", f"{d.solver} ({d.status}, gap {gap}{_time_limit(d)})"),
             ("estimator", self.graph_plan.estimator),
             ("budget", f"{self.config.budget} -> {format_bytes(d.budget_bytes)}"),
             ("predicted peak", format_bytes(p.peak_bytes)),

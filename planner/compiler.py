@@ -70,13 +70,13 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
     """
 
     def solve(problem: Problem, estimator: Estimator) -> Decision:
-        solver = configured_solver(config, problem)
         budget = config.budget
-        exact = exact_frugal_search(config, solver, problem, held_bytes)
-        least = min_peak_plan(problem, solver.time_limit) if exact else None
         fuse = config.codegen == "inductor"
         split, theirs = (pytorch_split(joint, problem, fuse) if budget.fraction is not None and config.fast_end == "pytorch"
                          else (None, {}))
+        solver = configured_solver(config, problem, theirs.get(PYTORCH_SPLIT_SECONDS))
+        exact = exact_frugal_search(config, solver, problem, held_bytes)
+        least = min_peak_plan(problem, solver.time_limit) if exact else None
         nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None, theirs.get(PYTORCH_PEAK))
         if budget.nbytes is not None:
             nbytes = max(0, nbytes - held_bytes)
@@ -88,7 +88,9 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
             decision = prefer_pytorch_split(problem, decision, split, simulated)
         if config.offload == "auto":
             decision = auto_offload(joint, problem, config, solver, estimator, decision)
-        return replace(decision, stats={**decision.stats, **theirs}) if theirs else decision
+        _, rule = config.solver_time_limit(len(problem), theirs.get(PYTORCH_SPLIT_SECONDS))
+        limit = {TIME_LIMIT: {"seconds": solver.time_limit, "rule": rule}}
+        return replace(decision, stats={**decision.stats, **theirs, **limit})
 
     def decide(problem: Problem, estimator: Estimator) -> Decision:
         agree_on_graph(joint.fingerprint)
@@ -107,6 +109,8 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
 PYTORCH_PEAK = "pytorch_split_peak_bytes"  # Decision.stats: the peak of PyTorch's own split of the graph
 # Decision.stats: the simulated peak of PyTorch's own modules for the graph (planner.memory.simulate)
 PYTORCH_SIMULATED_PEAK = "pytorch_split_simulated_peak_bytes"
+PYTORCH_SPLIT_SECONDS = "pytorch_split_seconds"  # Decision.stats: the seconds PyTorch's partitioner took on the graph
+TIME_LIMIT = "time_limit"  # Decision.stats: the solver's time limit on the graph and the rule that set it
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ class _Split:
 
     names: list[str]
     simulated_peak: int
+    seconds: float  # PyTorch's partitioner's wall time on the graph
 
 
 _PYTORCH_SPLITS: dict[tuple[str, bool], _Split] = {}  # (graph fingerprint, fuse) -> PyTorch's split
@@ -254,7 +259,8 @@ def pytorch_split(joint: JointGraph, problem: Problem, fuse: bool = True) -> tup
         warnings.warn(f"PyTorch's own split of this graph failed ({why}); budget 1.0 is the planner's fast end "
                       "alone (fast_end='model')", stacklevel=2)
         return None, {"pytorch_split": f"failed ({why})"}
-    return split, {PYTORCH_PEAK: split.peak_bytes, PYTORCH_SIMULATED_PEAK: found.simulated_peak}
+    return split, {PYTORCH_PEAK: split.peak_bytes, PYTORCH_SIMULATED_PEAK: found.simulated_peak,
+                   PYTORCH_SPLIT_SECONDS: found.seconds}
 
 
 def pytorch_split_plan(joint: JointGraph, problem: Problem, fuse: bool = True) -> Evaluation:
@@ -271,8 +277,10 @@ def _pytorch_split(joint: JointGraph, problem: Problem, fuse: bool) -> _Split:
     key = (joint.fingerprint, fuse)
     found = _PYTORCH_SPLITS.get(key)
     if found is None:
+        start = time.perf_counter()
         forward, backward, names = _split_of(joint, problem)
-        found = _Split(names, simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse).peak)
+        seconds = time.perf_counter() - start
+        found = _Split(names, simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse).peak, seconds)
         _PYTORCH_SPLITS[key] = found
         _LAST_SPLIT_MODULES.clear()
         _LAST_SPLIT_MODULES[id(joint)] = joint, forward, backward
@@ -294,10 +302,12 @@ def simulated_peak(joint: JointGraph, problem: Problem, saved: tuple[str, ...], 
     return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse).peak
 
 
-def configured_solver(config: PlannerConfig, problem: Problem) -> Solver:
+def configured_solver(config: PlannerConfig, problem: Problem, partition_seconds: float | None = None) -> Solver:
     """The solver ``config`` names, with its options and its time limit for ``problem``
-    (:meth:`PlannerConfig.solver_seconds`)."""
-    return get_solver(config.solver, time_limit=config.solver_seconds(len(problem)), **config.solver_options)
+    (:meth:`PlannerConfig.solver_seconds`; ``partition_seconds``: PyTorch's partition of the
+    graph, where it was timed)."""
+    return get_solver(config.solver, time_limit=config.solver_seconds(len(problem), partition_seconds),
+                      **config.solver_options)
 
 
 def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem, held_bytes: int = 0) -> bool:

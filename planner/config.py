@@ -10,7 +10,7 @@ from planner.budget import Budget
 from planner.tracing import CODEGENS
 from planner.errors import ConfigError
 
-__all__ = ["PlannerConfig", "FRUGAL_SEARCHES", "FAST_ENDS", "AUTO_TIME_LIMIT"]
+__all__ = ["PlannerConfig", "FRUGAL_SEARCHES", "FAST_ENDS", "AUTO_TIME_LIMIT", "AUTO_PARTITION_MULTIPLE"]
 
 FRUGAL_SEARCHES = ("auto", "exact", "reference")
 FAST_ENDS = ("pytorch", "model")
@@ -20,6 +20,13 @@ OFFLOADS = ("off", "auto")
 # layers, budgets 0.1-0.8); in this time CP-SAT's plans there came within 1% of the best known
 # (docs/solvers-cold-exact.md).
 AUTO_TIME_LIMIT = (0.01, 5.0, 60.0)
+# ... and where PyTorch's own split of the graph was made for the fast end (a fraction budget with
+# fast_end "pytorch"), no more than this many times the seconds that split took, within the same
+# range: the limit then follows the machine's speed, as the solvers' progress does, and planning
+# costs a bounded multiple of what torch.compile spends partitioning the graph. On the built-in
+# GPT at 48 layers and budget 0.1 (2-core CPU, a slow run of it: PyTorch's partition 8.3 s), CP-SAT
+# came within 0.00% of the best plan known in 40.6 s and 2.38% off it under 6x the split's time.
+AUTO_PARTITION_MULTIPLE = 10.0
 
 
 @dataclass(frozen=True)
@@ -35,8 +42,10 @@ class PlannerConfig:
     estimator : name of a registered estimator (see ``estimators.available_estimators()``); the
         default ``auto`` prices graphs on CUDA with ``roofline`` and others with ``flops``.
     time_limit : seconds a solver may spend on one graph, or ``"auto"`` (the default): 10 ms per
-        node of the graph's problem (its forward nodes), at least 5 s and at most 60 s
-        (:meth:`solver_seconds`).
+        node of the graph's problem (its forward nodes), and where PyTorch's own split of the
+        graph was made for a fraction budget, no more than 10 times the seconds that took; at
+        least 5 s and at most 60 s (:meth:`solver_seconds`; ``Decision.stats["time_limit"]``
+        says which applied).
     codegen : ``"inductor"`` (compiled kernels) or ``"eager"`` (op by op, for debugging).
     solver_options, estimator_options : extra keyword arguments for the solver / estimator.
     inductor_options : inductor config settings for planned graphs, over the planner's own
@@ -123,13 +132,25 @@ class PlannerConfig:
     def budget(self) -> Budget:
         return self.memory_budget  # parsed in __post_init__
 
-    def solver_seconds(self, problem_nodes: int) -> float:
+    def solver_seconds(self, problem_nodes: int, partition_seconds: float | None = None) -> float:
         """The time limit for one graph whose problem has ``problem_nodes`` nodes: ``time_limit``,
-        or for ``"auto"`` :data:`AUTO_TIME_LIMIT`'s seconds per node, clipped to its range."""
+        or for ``"auto"`` :data:`AUTO_TIME_LIMIT`'s seconds per node, no more than
+        :data:`AUTO_PARTITION_MULTIPLE` times ``partition_seconds`` (PyTorch's own partition of
+        the graph, where it was timed), clipped to the range."""
+        return self.solver_time_limit(problem_nodes, partition_seconds)[0]
+
+    def solver_time_limit(self, problem_nodes: int, partition_seconds: float | None = None) -> tuple[float, str]:
+        """:meth:`solver_seconds`, and the rule that set it in words (``Decision.stats["time_limit"]``)."""
         if self.time_limit != "auto":
-            return float(self.time_limit)
+            return float(self.time_limit), "time_limit as configured"
         per_node, least, most = AUTO_TIME_LIMIT
-        return min(most, max(least, per_node * problem_nodes))
+        seconds, rule = per_node * problem_nodes, f"auto: {per_node * 1e3:g} ms per node of the problem ({problem_nodes})"
+        if partition_seconds is not None and AUTO_PARTITION_MULTIPLE * partition_seconds < seconds:
+            seconds = AUTO_PARTITION_MULTIPLE * partition_seconds
+            rule = f"auto: {AUTO_PARTITION_MULTIPLE:g}x PyTorch's partition of the graph ({partition_seconds:.3g} s)"
+        if not least <= seconds <= most:
+            seconds, rule = min(most, max(least, seconds)), f"{rule}, clipped to {least:g}-{most:g} s"
+        return seconds, rule
 
     def replace(self, **changes: Any) -> "PlannerConfig":
         """A copy with some fields changed (validated again)."""

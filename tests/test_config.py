@@ -77,3 +77,18 @@ def test_auto_time_limit_scales_with_the_problem_within_its_range():
     assert auto.solver_seconds(middle) == pytest.approx(per_node * middle)
     assert auto.solver_seconds(2 * middle) > auto.solver_seconds(middle)
     assert PlannerConfig(time_limit=7).solver_seconds(10**7) == 7.0
+
+
+def test_auto_time_limit_is_bounded_by_a_multiple_of_pytorchs_partition_time():
+    from planner.config import AUTO_PARTITION_MULTIPLE, AUTO_TIME_LIMIT
+
+    per_node, least, most = AUTO_TIME_LIMIT
+    auto = PlannerConfig()
+    nodes = int(most / per_node)  # the per-node rule alone gives the most
+    quick = (least + most) / 2 / AUTO_PARTITION_MULTIPLE
+    assert auto.solver_seconds(nodes, quick) == pytest.approx(AUTO_PARTITION_MULTIPLE * quick)
+    assert auto.solver_seconds(nodes, quick) < auto.solver_seconds(nodes)
+    assert auto.solver_seconds(nodes, 1e-6) == least  # still at least the least
+    small = int(2 * least / per_node)  # a slow partition never raises the per-node limit
+    assert auto.solver_seconds(small, 1e3) == auto.solver_seconds(small) == pytest.approx(per_node * small)
+    assert PlannerConfig(time_limit=7).solver_seconds(nodes, quick) == 7.0

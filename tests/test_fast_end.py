@@ -1,6 +1,8 @@
 """The fast end (budget 1.0): the least-memory hull plan within a slack of the fastest plan."""
 import math
 
+import pytest
+
 from hypothesis import given, settings, strategies as st
 
 import planner.bounds as bounds
@@ -232,3 +234,33 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
     assert simulated.stats[FAST_END_CHOICE]["compared"] == {"solver": 1000, "split": 1010, "figures": "simulated"}
     assert prefer_pytorch_split(problem, solved(close, split.peak_bytes), split, simulated=(900, 1010)).saved == names(close)
 
+
+
+def test_the_auto_time_limit_is_a_multiple_of_pytorchs_partition_where_that_was_timed(monkeypatch, tmp_path):
+    """A fraction budget times PyTorch's split of the graph; the auto limit is then no more than
+    AUTO_PARTITION_MULTIPLE times that, and the decision says which rule set it."""
+    import planner.config as config_module
+    from planner import compiler
+    from planner.config import AUTO_PARTITION_MULTIPLE, PlannerConfig
+    from planner.decisions import forget_decisions
+    from planner.tracing import as_inputs, capture
+    from tests import models
+
+    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
+    forget_decisions()
+    model, inputs = models.cnn()
+    joint = capture(model, as_inputs(inputs), codegen="inductor")
+    # a per-node rule far above any partition time, and no floor: the partition's multiple decides
+    monkeypatch.setattr(config_module, "AUTO_TIME_LIMIT", (10.0, 1e-3, 1e4))
+    stats = compiler.solve_graph(joint, PlannerConfig(memory_budget=0.5, solver="greedy")).decision.stats
+    partition = stats[compiler.PYTORCH_SPLIT_SECONDS]
+    assert 0 < partition and stats["time_limit"]["seconds"] == pytest.approx(AUTO_PARTITION_MULTIPLE * partition)
+    assert "PyTorch's partition of the graph" in stats["time_limit"]["rule"]
+    # an absolute budget makes no split: the per-node rule
+    forget_decisions()
+    plan = compiler.solve_graph(joint, PlannerConfig(memory_budget=10**9, solver="greedy"))
+    assert compiler.PYTORCH_SPLIT_SECONDS not in plan.decision.stats
+    assert plan.decision.stats["time_limit"]["seconds"] == pytest.approx(10.0 * len(plan.problem))
+    assert "ms per node" in plan.decision.stats["time_limit"]["rule"]
+    forget_decisions()
