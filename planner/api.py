@@ -9,8 +9,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from planner.compiler import (FAST_END_CHOICE, PYTORCH_PEAK, SPLIT_PEAK_MARGIN, GraphPlan, PlannerBackend, frugal_floor,
-                              replay_graph, solve_graph)
+from planner.compiler import (FAST_END_CHOICE, PYTORCH_PEAK, SPLIT_PEAK_MARGIN, TIME_LIMIT, GraphPlan, PlannerBackend,
+                              frugal_floor, replay_graph, solve_graph)
 from planner.bounds import fast_end_plan
 from planner.budget import Budget
 from planner.memory import Timeline
@@ -47,7 +47,7 @@ class Prediction:
 
 def _time_limit(decision: Decision) -> str:
     """The solver's time limit as the summary quotes it (decisions from before it was kept: none)."""
-    limit = decision.stats.get("time_limit")
+    limit = decision.stats.get(TIME_LIMIT)
     return "" if limit is None else f"; limit {limit['seconds']:.3g} s, {limit['rule']}"
 
 
@@ -81,12 +81,13 @@ class Plan:
     @property
     def predicted(self) -> Prediction:
         problem = self.graph_plan.problem
+        planned_with = self.decision.stats.get(TIME_LIMIT, {}).get("seconds")  # the kept least-peak search answers
         return Prediction(
             saved_bytes=self.decision.memory_bytes,
             peak_bytes=self.decision.peak_bytes,
             recompute_seconds=self.decision.recompute_seconds,
             step_seconds=self.graph_plan.step_seconds,
-            min_peak_bytes=(floor := frugal_floor(self.config, problem).peak_bytes),
+            min_peak_bytes=(floor := frugal_floor(self.config, problem, time_limit=planned_with).peak_bytes),
             max_peak_bytes=Budget(fraction=1.0).resolve(problem, floor, self.decision.stats.get(PYTORCH_PEAK)),
         )
 

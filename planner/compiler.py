@@ -74,7 +74,8 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         fuse = config.codegen == "inductor"
         split, theirs = (pytorch_split(joint, problem, fuse) if budget.fraction is not None and config.fast_end == "pytorch"
                          else (None, {}))
-        solver = configured_solver(config, problem, theirs.get(PYTORCH_SPLIT_SECONDS))
+        seconds, rule = config.solver_time_limit(len(problem), theirs.get(PYTORCH_SPLIT_SECONDS))
+        solver = configured_solver(config, problem, seconds)
         exact = exact_frugal_search(config, solver, problem, held_bytes)
         least = min_peak_plan(problem, solver.time_limit) if exact else None
         nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None, theirs.get(PYTORCH_PEAK))
@@ -88,8 +89,7 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
             decision = prefer_pytorch_split(problem, decision, split, simulated)
         if config.offload == "auto":
             decision = auto_offload(joint, problem, config, solver, estimator, decision)
-        _, rule = config.solver_time_limit(len(problem), theirs.get(PYTORCH_SPLIT_SECONDS))
-        limit = {TIME_LIMIT: {"seconds": solver.time_limit, "rule": rule}}
+        limit = {TIME_LIMIT: {"seconds": seconds, "rule": rule}}
         return replace(decision, stats={**decision.stats, **theirs, **limit})
 
     def decide(problem: Problem, estimator: Estimator) -> Decision:
@@ -302,12 +302,11 @@ def simulated_peak(joint: JointGraph, problem: Problem, saved: tuple[str, ...], 
     return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse).peak
 
 
-def configured_solver(config: PlannerConfig, problem: Problem, partition_seconds: float | None = None) -> Solver:
-    """The solver ``config`` names, with its options and its time limit for ``problem``
-    (:meth:`PlannerConfig.solver_seconds`; ``partition_seconds``: PyTorch's partition of the
-    graph, where it was timed)."""
-    return get_solver(config.solver, time_limit=config.solver_seconds(len(problem), partition_seconds),
-                      **config.solver_options)
+def configured_solver(config: PlannerConfig, problem: Problem, time_limit: float | None = None) -> Solver:
+    """The solver ``config`` names, with its options and ``time_limit``, by default its time limit
+    for ``problem`` (:meth:`PlannerConfig.solver_seconds`)."""
+    seconds = config.solver_seconds(len(problem)) if time_limit is None else time_limit
+    return get_solver(config.solver, time_limit=seconds, **config.solver_options)
 
 
 def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem, held_bytes: int = 0) -> bool:
@@ -325,11 +324,14 @@ def exact_frugal_search(config: PlannerConfig, solver: Solver, problem: Problem,
     return below < runtime_optimal_plan(problem).peak_bytes and below < reference_plan(problem).peak_bytes
 
 
-def frugal_floor(config: PlannerConfig, problem: Problem, held_bytes: int = 0) -> Evaluation:
+def frugal_floor(config: PlannerConfig, problem: Problem, held_bytes: int = 0,
+                 time_limit: float | None = None) -> Evaluation:
     """The frugal end (budget 0) that planning this graph with ``config`` uses: the exact
     least-peak plan where :func:`exact_frugal_search` says it runs (kept once searched), else the
-    frugal reference."""
-    solver = configured_solver(config, problem)
+    frugal reference. ``time_limit``: the one the graph was planned with
+    (``Decision.stats["time_limit"]``), so that the search kept then answers; by default the
+    config's for the problem without PyTorch's partition time."""
+    solver = configured_solver(config, problem, time_limit)
     if exact_frugal_search(config, solver, problem, held_bytes):
         return min_peak_plan(problem, solver.time_limit).plan
     return reference_plan(problem)

@@ -264,3 +264,29 @@ def test_the_auto_time_limit_is_a_multiple_of_pytorchs_partition_where_that_was_
     assert plan.decision.stats["time_limit"]["seconds"] == pytest.approx(10.0 * len(plan.problem))
     assert "ms per node" in plan.decision.stats["time_limit"]["rule"]
     forget_decisions()
+
+
+def test_the_predicted_frugal_end_reuses_the_least_peak_search_of_the_solve(monkeypatch, tmp_path):
+    """Plan.predicted looks up the exact least-peak plan with the time limit the graph was solved
+    with (here 10x PyTorch's partition), so the search kept by the solve answers it and does not
+    run again under the per-node limit."""
+    import planner
+    import planner.config as config_module
+    from planner import compiler
+    from planner.decisions import forget_decisions
+    from tests import models
+
+    limits = []
+    search = compiler.min_peak_plan
+    monkeypatch.setattr(compiler, "min_peak_plan", lambda problem, time_limit: limits.append(time_limit) or search(problem, time_limit))
+    monkeypatch.setattr(config_module, "AUTO_TIME_LIMIT", (10.0, 1e-3, 1e4))  # the partition's multiple decides
+    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
+    forget_decisions()
+    model, inputs = models.cnn()
+    plan = planner.plan(model, inputs, memory_budget=0.0, solver="cpsat")
+    solved_with = plan.decision.stats["time_limit"]["seconds"]
+    assert "PyTorch's partition" in plan.decision.stats["time_limit"]["rule"]
+    assert plan.predicted.min_peak_bytes == plan.decision.budget_bytes
+    assert limits and all(limit == solved_with for limit in limits)
+    forget_decisions()
