@@ -60,7 +60,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
     def out_of_time(what: str) -> bool:
         """Past ``--max-seconds``: ``what`` is skipped (said), so the run keeps time to retime
         what it measured and write its tables before the device call ends."""
-        late = args.deadline is not None and time.monotonic() > args.deadline
+        late = past_deadline(args)
         if late:
             print(f"| {name} | {what}: skipped, past --max-seconds |", flush=True)
         return late
@@ -114,6 +114,11 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
     print("\n".join(map(_row, mine)), flush=True)
     del base, kept
     torch.cuda.empty_cache()
+
+
+def past_deadline(args) -> bool:
+    """Whether the run is past ``--max-seconds`` (``args.deadline``, a ``time.monotonic`` time)."""
+    return args.deadline is not None and time.monotonic() > args.deadline
 
 
 def _description(name: str) -> str:
@@ -251,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{device}, torch {version}", flush=True)
     args.deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
     for name in args.models:
-        if args.deadline is not None and time.monotonic() > args.deadline:
+        if past_deadline(args):
             print(f"## {name}: skipped, past --max-seconds", flush=True)
             continue
         run_model(name, args, rows, lambda: save_rows(args.out.with_suffix(".json"), device, version, rows))
