@@ -72,6 +72,20 @@ def run_with_rng_state() -> Any:
     return torch._prims.rng_prims.run_with_rng_state
 
 
+def as_traced_strides() -> Any:
+    """Op ``(tensor, stride) -> tensor`` with exactly that stride: inductor lays the tensor out
+    so (a copy only where a fixed layout differs); run eagerly, it copies where strides differ.
+
+    The RNG higher-order ops above are inductor fallbacks without the layout constraints
+    inductor gives the op they wrap: a fused attention kernel needs its mask's last dimension
+    contiguous, and wrapped, got the mask in whatever layout inductor chose (on an H100, T5's
+    memory-efficient attention failed: ``(*bias): last dimension must be contiguous``).
+    """
+    import torch._inductor.inductor_prims  # noqa: F401  registers the prim
+
+    return torch.ops.prims.inductor_force_stride_order.default
+
+
 def real_tensors():
     """A context in which tensors are real even inside torch.compile, whose partitioner (and
     so the planner's estimators) runs under a FakeTensorMode: ops there run no kernels."""

@@ -66,7 +66,8 @@ def _save_rng_states(joint: JointGraph, recomputed: set[fx.Node]) -> dict[fx.Nod
     graph, replays = joint.graph, {}
     for node in [n for n in joint.forward_nodes if n in recomputed and is_random(n)]:
         with graph.inserting_before(node):
-            pair = graph.call_function(_torch_compat.run_and_save_rng_state(), (node.target, *node.args), node.kwargs)
+            args = fx.map_arg(node.args, lambda a: _as_traced(graph, a, {"partitioner_tag": "is_forward"}))
+            pair = graph.call_function(_torch_compat.run_and_save_rng_state(), (node.target, *args), node.kwargs)
             state = graph.call_function(operator.getitem, (pair, 0))
             value = graph.call_function(operator.getitem, (pair, 1))
         state_val = _rng_state_like(node)
@@ -77,6 +78,35 @@ def _save_rng_states(joint: JointGraph, recomputed: set[fx.Node]) -> dict[fx.Nod
         graph.erase_node(node)
         replays[node] = _Replay(state, value)
     return replays
+
+
+def _as_traced(graph: fx.Graph, arg: fx.Node, meta: dict) -> fx.Node:
+    """``arg`` for an op that an RNG higher-order op wraps, laid out as it was traced (the
+    wrapper does not pass on the op's layout constraints: :func:`_torch_compat.as_traced_strides`).
+    Inserted at the graph's insertion point, with ``meta`` added to the value's."""
+    val = arg.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() == 0 or not _dense(val):
+        return arg  # the op reads a view into a larger storage: a layout no copy could have
+    forced = graph.call_function(_torch_compat.as_traced_strides(), (arg, list(val.stride())))
+    forced.meta = {"val": val, **meta}
+    return forced
+
+
+def _dense(val: torch.Tensor) -> bool:
+    """``val``'s strides lay its elements out with no gap and no overlap, in some dim order."""
+    expected = 1
+    for size, stride in sorted(zip(val.shape, val.stride()), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _untraced(arg: fx.Node) -> fx.Node:
+    """The value an :func:`_as_traced` node lays out (``arg`` itself for any other node)."""
+    return arg.args[0] if arg.target is _torch_compat.as_traced_strides() else arg
 
 
 def _rng_state_like(node: fx.Node) -> torch.Tensor:
@@ -99,10 +129,12 @@ def _insert_recomputation(joint: JointGraph, recomputed: set[fx.Node], replays: 
         if node not in copies:
             replay = replays.get(node)
             source = replay.pair if replay else node  # a replay re-runs the op inside the pair
-            args = fx.map_arg(source.args, lambda a: copy_of(a, before))
+            args = fx.map_arg(source.args, lambda a: copy_of(_untraced(a), before))
             kwargs = fx.map_arg(source.kwargs, lambda a: copy_of(a, before))
             with graph.inserting_before(before):
                 if replay:
+                    args = fx.map_arg(args, lambda a: _as_traced(graph, a, {"partitioner_tag": "is_backward",
+                                                                            "recomputed": True}))
                     new = graph.call_function(_torch_compat.run_with_rng_state(), (replay.state, *args), kwargs)
                 else:
                     new = graph.create_node(node.op, node.target, args, kwargs)

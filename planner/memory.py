@@ -96,8 +96,14 @@ def storage_root(node: fx.Node) -> fx.Node:
     return node
 
 
+_AS_TRACED = "prims.inductor_force_stride_order.default"  # planner._torch_compat.as_traced_strides
+
+
 def _shared_input(node: fx.Node) -> fx.Node | None:
-    """The input whose storage the node's value is (a view of, or written in place)."""
+    """The input whose storage the node's value is (a view of, or written in place; or its
+    input laid out as traced for an RNG wrapper, which inductor writes where the input is made)."""
+    if str(node.target) == _AS_TRACED:  # named: the prim is registered only once inductor is imported
+        return node.args[0]
     return aliased_input(node) or written_input(node)
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
 
 from planner import _torch_compat
+from planner.attention_masks import contiguous_masks, drop_constant_masks
 from planner.errors import CaptureError
 from planner.frames import own_frame
 from planner.graph import JointGraph
@@ -42,13 +44,25 @@ def make_backend(partition_fn: Callable, codegen: str, inductor_options: dict[st
     ``codegen="eager"`` runs the split graphs op by op (like aot_eager); ``"inductor"`` compiles
     them with inductor, through its custom partitioner hook, with ``inductor_options`` over the
     planner's inductor settings.
+    Either way, attention masks that mask nothing are dropped first, and strided CUDA masks made
+    contiguous (:mod:`planner.attention_masks`).
     """
     if codegen == "eager":
-        return _torch_compat.aot_autograd(fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition_fn)
-    if codegen == "inductor":
+        compile_graph = _torch_compat.aot_autograd(fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition_fn)
+    elif codegen == "inductor":
         options = dict(inductor_options or {})
-        return lambda gm, example_inputs: _torch_compat.inductor_compile(gm, example_inputs, partition_fn, options)
-    raise ValueError(f"codegen must be one of {CODEGENS}, got {codegen!r}")
+
+        def compile_graph(gm, example_inputs):
+            return _torch_compat.inductor_compile(gm, example_inputs, partition_fn, options)
+    else:
+        raise ValueError(f"codegen must be one of {CODEGENS}, got {codegen!r}")
+
+    def backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
+        drop_constant_masks(gm)
+        contiguous_masks(gm)
+        return compile_graph(gm, example_inputs)
+
+    return backend
 
 
 def _identity(gm, example_inputs):

@@ -58,6 +58,17 @@ def test_recomputed_dropout_replays_its_rng_state():
     fw, bw = emit(joint, problem, tuple(problem.names[i] for i in plan.saved.nonzero()[0]))
     assert sum(n.target is _torch_compat.run_and_save_rng_state() for n in calls(fw)) == replayed
     assert sum(n.target is _torch_compat.run_with_rng_state() for n in calls(bw)) == replayed
+    # the wrapped op gets each tensor input laid out as it was traced (the wrapper passes on no
+    # layout constraint of the op)
+    for gm, wrapper, first in ((fw, _torch_compat.run_and_save_rng_state(), 1),
+                               (bw, _torch_compat.run_with_rng_state(), 2)):  # (state,) op, *args
+        for node in (n for n in calls(gm) if n.target is wrapper):
+            inputs = [a for a in node.args[first:] if isinstance(a, torch.fx.Node) and a.meta["val"].dim() > 0]
+            forced = [a for a in inputs if a.target is _torch_compat.as_traced_strides()]
+            assert forced and all(a.args[1] == list(a.args[0].meta["val"].stride()) for a in forced)
+            # what is left as it is is a view into a larger storage (no copy has its strides)
+            assert all(a.meta["val"].untyped_storage().nbytes() > a.meta["val"].numel() * a.meta["val"].element_size()
+                       for a in inputs if a not in forced)
 
 
 class _Noise(torch.nn.Module):

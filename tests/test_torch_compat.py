@@ -155,3 +155,13 @@ def test_is_fake_tells_a_compiles_fake_tensors_from_real_ones():
     with FakeTensorMode():
         fake = torch.ones(3)
     assert _torch_compat.is_fake(fake) and not _torch_compat.is_fake(torch.ones(3))
+
+
+def test_as_traced_strides_lays_a_tensor_out_with_the_stride_asked_for():
+    strided = torch.arange(24.0).view(2, 3, 4).permute(0, 2, 1)
+    contiguous = _torch_compat.as_traced_strides()(strided, [12, 3, 1])
+    assert contiguous.stride() == (12, 3, 1)
+    torch.testing.assert_close(contiguous, strided)
+    # inductor lays it out as asked too
+    compiled = torch.compile(lambda t: _torch_compat.as_traced_strides()(t + 1, [12, 3, 1]), backend="inductor")
+    assert compiled(strided).stride() == (12, 3, 1)
