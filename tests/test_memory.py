@@ -300,3 +300,39 @@ def test_the_backward_fuses_no_kernels_further_apart_than_the_limit():
             got = torch.autograd.grad(torch.compile(_broadcast_products)(*inputs), inputs)
         torch.testing.assert_close(got, want)
     assert guards[0].refused == 0 < guards[1].refused
+
+
+class _Node:
+    """A stand-in for an inductor scheduler node: its place in order, what it makes, what it
+    depends on, and whether it is an extern kernel (a matrix product, a convolution)."""
+
+    def __init__(self, order: int, ancestors=(), extern: bool = False) -> None:
+        self.min_order = self.max_order = order
+        self.name, self.ancestors, self.extern = f"op{order}", set(ancestors), extern
+
+    def get_operation_names(self) -> set:
+        return {self.name}
+
+    def is_extern(self) -> bool:
+        return self.extern
+
+
+def test_the_backward_fuses_no_independent_kernels_across_a_matrix_product():
+    """Two independent kernels (a horizontal fusion) with a matrix product between them are in
+    different layers: fused, the scheduler runs the later layer's work before the rest of the
+    earlier one's. A producer and its reader still fuse across it, and neighbours fuse."""
+    from types import SimpleNamespace
+
+    from planner._torch_compat import refuse_far_fusions
+
+    nodes = [_Node(0), _Node(1), _Node(2, extern=True), _Node(3, ancestors={"op0"}), _Node(4)]
+    scheduler = SimpleNamespace(can_fuse=lambda a, b: True)
+    counts = SimpleNamespace(refused=0, refused_across=0)
+    refuse_far_fusions(scheduler, nodes, FUSION_DISTANCE, counts)
+    assert scheduler.can_fuse(nodes[0], nodes[1])  # independent neighbours
+    assert scheduler.can_fuse(nodes[0], nodes[3])  # a producer and its reader
+    assert not scheduler.can_fuse(nodes[1], nodes[4])  # independent, a product between
+    assert not scheduler.can_fuse(nodes[4], nodes[1])
+    assert counts.refused == counts.refused_across == 2
+    refuse_far_fusions(scheduler, nodes, 2, counts)  # the distance limit still applies
+    assert not scheduler.can_fuse(nodes[0], nodes[3]) and counts.refused == 3 and counts.refused_across == 2
