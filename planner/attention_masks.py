@@ -108,14 +108,17 @@ def _masks_nothing(mask: fx.Node) -> bool:
     if order is None:
         return False
     values: dict[fx.Node, object] = {}
-    with torch.random.fork_rng(devices=[]):
-        for node in order:
-            args = fx.node.map_arg(node.args, values.__getitem__)
-            kwargs = fx.node.map_arg(node.kwargs, values.__getitem__)
-            if node.op == "call_method":
-                values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
-            else:
-                values[node] = node.target(*args, **kwargs)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            for node in order:
+                args = fx.node.map_arg(node.args, values.__getitem__)
+                kwargs = fx.node.map_arg(node.kwargs, values.__getitem__)
+                if node.op == "call_method":
+                    values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+                else:
+                    values[node] = node.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001  a mask that cannot be evaluated here is kept as the model wrote it
+        return False
     value = values[mask]
     if not isinstance(value, torch.Tensor):
         return False

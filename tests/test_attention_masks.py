@@ -123,3 +123,17 @@ def test_a_strided_mask_is_copied_once_where_fused_kernels_need_it():
     assert_same_step(lambda: (BiasedAttention(), _inputs()),
                      lambda twin, inputs: torch.compile(twin, backend=backend(("cpu",)), fullgraph=True))
 
+
+
+def _no_mask_here(n):
+    raise RuntimeError("cannot be evaluated at compile time")
+
+
+def test_a_mask_that_cannot_be_evaluated_is_kept():
+    graph = torch.fx.Graph()
+    q = graph.placeholder("q")
+    mask = graph.call_function(_no_mask_here, (8,))
+    graph.output(graph.call_function(F.scaled_dot_product_attention, (q, q, q), {"attn_mask": mask}))
+    gm = torch.fx.GraphModule(nn.Module(), graph)
+    assert drop_constant_masks(gm) == []
+    assert any(n.target is _no_mask_here for n in gm.graph.nodes)
