@@ -33,10 +33,10 @@ __all__ = ["drop_constant_masks", "contiguous_masks", "FUSED_MASK_DEVICES"]
 
 _ATTENTION = torch.nn.functional.scaled_dot_product_attention
 _MASK_POSITION = 3  # scaled_dot_product_attention(query, key, value, attn_mask, ...)
-# Ops whose value is not a function of their arguments: a mask from any of them is not constant.
 # Devices whose fused attention kernels need the mask's last dimension contiguous (CPU's
 # flash kernel takes any strides).
 FUSED_MASK_DEVICES = ("cuda",)
+# Ops whose value is not a function of their arguments: a mask from any of them is not constant.
 _RANDOM = re.compile(r"rand|dropout|bernoulli|normal|uniform|multinomial|poisson|exponential|geometric|cauchy")
 
 
@@ -76,6 +76,8 @@ def contiguous_masks(gm: fx.GraphModule, devices: tuple[str, ...] = FUSED_MASK_D
 
 
 def _strided_mask(mask: fx.Node, query: object, devices: tuple[str, ...]) -> bool:
+    """``mask`` (dynamo's example value) is on one of ``devices``, of a dtype fused kernels take
+    with ``query``, and its last dimension is not contiguous."""
     value = mask.meta.get("example_value")
     query = query.meta.get("example_value") if isinstance(query, fx.Node) else None
     if not isinstance(value, torch.Tensor) or not isinstance(query, torch.Tensor) or value.dim() == 0:
