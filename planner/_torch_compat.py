@@ -140,8 +140,8 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     order's: 1.280 against 1.199 GiB, and 1.367 against 1.322 GiB at a budget of 0.05.)
 
     In the backward, inductor fuses no two kernels more than :data:`FUSION_DISTANCE` apart
-    (:func:`fusion_distance_guard`; the memory model still assumes such fusions, see
-    :func:`planner.memory.epilogue_reduction`).
+    (:func:`fusion_distance_guard`; the memory model follows it, see
+    :func:`planner.memory.far_epilogues`).
 
     Inductor's buffer pool is turned off too (``allow_buffer_reuse``; in-place kernels stay):
     it keeps a dead buffer alive until a later buffer of the same size takes it over, which in

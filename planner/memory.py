@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import takewhile
+from typing import Collection
 
 import numpy as np
 import torch
@@ -120,12 +121,14 @@ def readers(node: fx.Node) -> list[fx.Node]:
     return found
 
 
-def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool) -> int:
-    """Bytes written to memory for ``node``'s own storage, given the nodes that read it."""
+def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool, far: Collection[fx.Node] = ()) -> int:
+    """Bytes written to memory for ``node``'s own storage, given the nodes that read it
+    (``far``: the backward's reductions too far from their reader to be fused,
+    :func:`far_epilogues`)."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or _shared_input(node) is not None or node.target is OFFLOAD:
         return 0  # a view, an in-place result, or a copy in host memory
-    if fuse and _inlined(node, reading):
+    if fuse and _inlined(node, reading, far):
         return 0
     return storage_bytes(val)
 
@@ -133,7 +136,7 @@ def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool) -> int:
 REALIZE_READS = 4
 
 
-def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
+def kernel_steps(order: list[fx.Node], fuse: bool, far: Collection[fx.Node] = ()) -> dict[fx.Node, int]:
     """Index in ``order`` of the last kernel that computes each node, when its inputs are really
     read: its own, or for a value fused into its readers, the last of theirs.
 
@@ -150,7 +153,7 @@ def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
             reading = readers(node)
             if not reading or not all(r in steps for r in reading):
                 continue
-            if _inlined(node, reading):
+            if _inlined(node, reading, far):
                 steps[node] = max(steps[r] for r in reading)
             elif (fusible(node) and not all(fuses_producers(r) for r in reading)
                   and len(_leaf_reads(node, depth=8)) <= REALIZE_READS):
@@ -159,11 +162,12 @@ def kernel_steps(order: list[fx.Node], fuse: bool) -> dict[fx.Node, int]:
     return steps
 
 
-def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
+def _inlined(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = ()) -> bool:
     """Inductor computes ``node`` inside the kernels that read it (see the module docstring), a
     matrix product inside the ``addmm`` its one reader becomes (:func:`accumulated_product`), or
-    a reduction inside its one pointwise reader's kernel (:func:`epilogue_reduction`)."""
-    if accumulated_product(node, reading) or epilogue_reduction(node, reading):
+    a reduction inside its one pointwise reader's kernel (:func:`epilogue_reduction`) unless it
+    is in ``far``."""
+    if accumulated_product(node, reading) or (node not in far and epilogue_reduction(node, reading)):
         return True
     if not (fusible(node) and reading and all(fuses_producers(r) for r in reading)):
         return False
@@ -172,24 +176,47 @@ def _inlined(node: fx.Node, reading: list[fx.Node]) -> bool:
 
 def epilogue_reduction(node: fx.Node, reading: list[fx.Node]) -> bool:
     """``node`` is a reduction that inductor computes inside the kernel of its one reader, a
-    pointwise op (the reduction's epilogue), wherever that kernel runs.
+    pointwise op (the reduction's epilogue).
 
     Inductor fuses a reduction with its pointwise consumer however far apart the two are in the
     graph (its scheduler has no distance limit), so the reduction's inputs are read, and stay
     alive, until the consumer runs. T5's relative position bias, shared by every layer, gets one
     batch-summed gradient per layer; the pointwise sum of those gradients runs after the last
-    layer's backward, and inductor fuses every layer's batch sum into it: each layer's
+    layer's backward, and inductor fused every layer's batch sum into it: each layer's
     softmax-backward inputs (128 MiB fp32 scores at batch 16, seq 512) stayed alive to the end of
-    the backward, 1.7 GiB over the memory model at budget 0 on an H100.
-
-    The planner's compile now refuses such fusions in a backward
-    (:func:`planner._torch_compat.fusion_distance_guard`), and this rule still assumes them: the
-    model over-predicts there (T5 at budget 0: 1.448 GiB predicted, 1.182 measured). Made
-    distance-aware, the model led the solver to a plan it priced at 1.097 GiB that measured 1.948
-    (what else inductor fuses in that plan's backward is not yet followed), so it stays as is.
+    the backward, 1.7 GiB over the memory model at budget 0 on an H100. The planner's compile
+    refuses such fusions in a backward (:func:`planner._torch_compat.fusion_distance_guard`), so
+    in a backward the rule holds only within its distance (:func:`far_epilogues`); in a forward,
+    which the guard leaves alone, it holds at any distance.
     """
     return (torch.Tag.reduction in _tags(node) and isinstance(node.meta.get("val"), torch.Tensor)
             and len(reading) == 1 and fusible(reading[0]))
+
+
+def far_epilogues(order: list[fx.Node], fuse: bool) -> frozenset[fx.Node]:
+    """The reductions of a backward ``order`` that :func:`epilogue_reduction` would fuse into a
+    reader computed more than :data:`~planner._torch_compat.FUSION_DISTANCE` kernels later (the
+    reader's own kernel, or that of the readers a pointwise reader is fused into): the planner's
+    compile refuses those fusions (:func:`~planner._torch_compat.fusion_distance_guard`), so each
+    is stored where it runs. Kernels are counted as inductor's scheduler counts its nodes before
+    fusion: one per stored value (by the rules above) and per operator it cannot generate."""
+    if not fuse:
+        return frozenset()
+    from planner._torch_compat import FUSION_DISTANCE
+
+    kernel = kernel_steps(order, fuse)
+    kernels = np.zeros(len(order) + 1, dtype=np.int64)
+    candidates = []
+    for k, node in enumerate(order):
+        reading = readers(node) if node.op == "call_function" else []
+        own = node.op == "call_function" and not is_getitem(node) and _shared_input(node) is None
+        if own and isinstance(node.meta.get("val"), torch.Tensor):
+            own = stored_bytes(node, reading, fuse) > 0 or not generated(node)
+        kernels[k + 1] = kernels[k] + int(own)
+        if epilogue_reduction(node, reading) and reading[0] in kernel:
+            candidates.append((k, kernel[reading[0]]))
+    # apart as the guard counts: the difference of the two kernels' places
+    return frozenset(order[k] for k, read in candidates if kernels[read] - kernels[k] > FUSION_DISTANCE)
 
 
 def accumulated_product(node: fx.Node, reading: list[fx.Node]) -> bool:
@@ -201,8 +228,13 @@ def accumulated_product(node: fx.Node, reading: list[fx.Node]) -> bool:
     the add runs: a tied weight's gradient, the output layer's product added to the embedding's
     gradient at the end of the backward, keeps the logits' gradient alive until then (128 MiB on
     BERT at batch 16 on an H100, where the memory model had freed it after the product). Only a
-    ``c`` of the product's own shape counts: a broadcast bias stays unfused on a GPU when the sum
-    is read by pointwise ops alone, and sits next to its product anyway.
+    ``c`` of the product's own shape counts (a broadcast bias sits next to its product anyway).
+
+    On a GPU, inductor leaves the add unfused when every reader of the sum is pointwise (its
+    ``should_prefer_unfused_addmm``: the add then fuses into them), and the product is computed
+    where it is. T5's tied embedding gets the output layer's gradient added to the decoder's
+    embedding gradient, and that sum is added to the encoder's: the model had kept T5's 128 MiB
+    logits gradient alive through the decoder's backward, which the H100 did not.
     """
     if node.target is not _MM or len(reading) != 1:
         return False
@@ -215,7 +247,16 @@ def accumulated_product(node: fx.Node, reading: list[fx.Node]) -> bool:
     if first is node and isinstance(second, fx.Node) and accumulated_product(second, readers(second)):
         return False  # the second product is the one rewritten
     other = second if first is node else first
-    return _same_operand(other, node)
+    return _same_operand(other, node) and not _prefers_unfused_add(add, other)
+
+
+_GPU_TYPES = ("cuda", "xpu", "mps", "mtia")  # inductor's GPU device types (``is_gpu``)
+
+
+def _prefers_unfused_add(add: fx.Node, other: fx.Node) -> bool:
+    """Inductor keeps ``add`` apart from its product: ``other`` is on a GPU and every reader
+    of the sum (through views) is a pointwise op."""
+    return other.meta["val"].device.type in _GPU_TYPES and all(torch.Tag.pointwise in _tags(r) for r in readers(add))
 
 
 def _same_operand(other: object, product: fx.Node) -> bool:
@@ -230,16 +271,25 @@ _MM, _ADD = torch.ops.aten.mm.default, torch.ops.aten.add.Tensor
 
 
 def _leaf_reads(node: fx.Node, depth: int) -> set[fx.Node]:
-    """The stored inputs a fused pointwise expression reads, looking through inlined producers."""
+    """The stored inputs a fused pointwise expression reads, looking through inlined producers.
+
+    A producer read by several kernels is inlined only while it reads at most ``REALIZE_READS``
+    stored inputs itself; past that inductor stores it, and it is one read. On ConvNeXt's
+    backward a layer norm's gradient (reading 8 inputs) is stored, and the residual gradient
+    summed over the blocks after it (3 reads) stays inlined: each block's gradient stays alive
+    to the stage's end (73.5 MiB at budget 0 on an H100, where the model had stored the sum)."""
     leaves: set[fx.Node] = set()
     for inp in node.all_input_nodes:
         producer = inp
         while _shared_input(producer) is not None:
             producer = _shared_input(producer)
-        if depth > 0 and fusible(producer) and all(fuses_producers(r) for r in readers(producer)):
-            leaves |= _leaf_reads(producer, depth - 1)
-        else:
-            leaves.add(producer)
+        reading = readers(producer)
+        if depth > 0 and fusible(producer) and all(fuses_producers(r) for r in reading):
+            inner = _leaf_reads(producer, depth - 1)
+            if len(reading) == 1 or len(inner) <= REALIZE_READS:
+                leaves |= inner
+                continue
+        leaves.add(producer)
     return leaves
 
 
@@ -356,17 +406,19 @@ class _Walk:
         self.paths: dict[fx.Node, dict[tuple, object]] = {}  # tuple-valued nodes: index path -> storage
         self.peak_live: frozenset = frozenset()
         self.peak = -1
+        self.far: frozenset = frozenset()  # the phase's reductions stored, not fused (far_epilogues)
 
     def run(self, gm: fx.GraphModule, phase: str, keep: list, carried: dict | None = None, held: set = frozenset()):
         carried = carried or {}
         nodes = [n for n in gm.graph.nodes if n.op != "output"]
         self.copies = layout_copies(nodes) if self.fuse and phase == "forward" else {}
+        self.far = far_epilogues(nodes, self.fuse) if phase == "backward" else frozenset()
         keys: dict[fx.Node, tuple] = {}
         made: dict[fx.Node, tuple] = {}
         for node in nodes:
             keys[node], made[node] = self._keys(node, keys, phase, carried)
         last: dict[object, int] = {}
-        kernel = kernel_steps(nodes, self.fuse)
+        kernel = kernel_steps(nodes, self.fuse, self.far)
         for node in nodes:
             for inp in node.all_input_nodes:
                 for key in keys[inp]:
@@ -423,7 +475,7 @@ class _Walk:
             return new, new
         if not isinstance(val, torch.Tensor):
             return (), ()
-        return self._new((phase, node.name), stored_bytes(node, readers(node), self.fuse))
+        return self._new((phase, node.name), stored_bytes(node, readers(node), self.fuse, self.far))
 
     def _new(self, key: tuple, size: int) -> tuple[tuple, tuple]:
         self.size[key] = size
@@ -472,7 +524,8 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         fwd_last[i] = n - 1 if held[i] else min(n - 1, max([i] + [fwd_kernel[r] for r in forward]))
     first_read = np.full(n, len(steps), dtype=np.int64)
     last_read = np.full(n, -1, dtype=np.int64)
-    bwd_kernel = kernel_steps(steps, fuse)
+    far = far_epilogues(steps, fuse)
+    bwd_kernel = kernel_steps(steps, fuse, far)
     for t, step in enumerate(steps):  # a copy is made before its first reader; read until its last kernel
         for inp in step.all_input_nodes:
             o = index.get(storage_root(inp))
@@ -484,9 +537,9 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         if o is not None:
             first_read[o] = min(first_read[o], len(steps) - 1)
             last_read[o] = len(steps) - 1
-    reuse = np.array([stored_bytes(step, readers(step), fuse) if fuse and generated(step) else 0 for step in steps],
+    reuse = np.array([stored_bytes(step, readers(step), fuse, far) if fuse and generated(step) else 0 for step in steps],
                      dtype=np.int64)
-    base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse)
+    base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse, far)
     base += sum(storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held)
                 if isinstance(nodes[i].meta.get("val"), torch.Tensor))
     fwd_base = np.zeros(n, dtype=np.int64)
@@ -521,7 +574,7 @@ def _latest_reads(nodes: list[fx.Node], index: dict, first_read: np.ndarray, las
 
 
 def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: bool,
-                   reuse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                   reuse: np.ndarray, far: Collection[fx.Node]) -> tuple[np.ndarray, np.ndarray]:
     """Bytes of the backward's own storages (tangents, temporaries, gradients) alive per step,
     and the steps whose output can be written into one of them (of size ``reuse[t]``, read last
     at t); ``kernel`` gives the step at which each node's inputs are really read."""
@@ -534,7 +587,7 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
         if storage_root(node) is not node:
             continue
         reading = readers(node)
-        size = _value_bytes(node.meta.get("val")) if node.op == "placeholder" else stored_bytes(node, reading, fuse)
+        size = _value_bytes(node.meta.get("val")) if node.op == "placeholder" else stored_bytes(node, reading, fuse, far)
         if is_getitem(node) or not size:
             continue
         start = step_of.get(node, 0)

@@ -248,6 +248,27 @@ def test_inductor_computes_a_product_added_later_where_the_add_is():
     assert code.count("extern_kernels.addmm(") == 1 and code.count("extern_kernels.mm(") == 1, code
 
 
+def _accumulate_twice(x, w, v, u):
+    return _accumulate(x, w, v) + u  # the sum is read by a pointwise op alone
+
+
+def test_on_a_gpu_a_product_added_for_pointwise_readers_only_stays_apart(monkeypatch):
+    """Inductor on a GPU keeps add(mm(a, b), c) unfused when every reader of the sum is
+    pointwise (T5's tied embedding, whose gradient sum is added to again): the product is
+    stored where it runs. Read by the output, it is still computed at the add. On a CPU the
+    add fuses either way. (The device is the graph's values' own; "cpu" stands in for a GPU.)"""
+    import planner.memory as memory
+
+    x, w, v, u = torch.randn(256, 64), torch.randn(256, 32), torch.randn(256, 32), torch.randn(64, 32)
+    for fn, args, gpu_fuses in ((_accumulate_twice, (x, w, v, u), False), (_accumulate, (x, w, v), True)):
+        gm = _traced(fn, *args)
+        product = next(n for n in gm.graph.nodes if n.target is aten.mm.default and n.args[0].args[0].target is aten.sin.default)
+        assert memory.stored_bytes(product, memory.readers(product), fuse=True) == 0
+        with monkeypatch.context() as patch:
+            patch.setattr(memory, "_GPU_TYPES", ("cpu",))
+            assert (memory.stored_bytes(product, memory.readers(product), fuse=True) == 0) == gpu_fuses
+
+
 def _late_sum(x, y):
     s = torch.sin(x).sum(0)                 # a reduction whose one reader is the add at the end
     t = torch.mm(y, y.t()).relu().sum(0)    # a product in between
@@ -277,14 +298,74 @@ def test_inductor_computes_a_reduction_in_its_pointwise_readers_kernel():
     assert "extern_kernels.mm(" in calls[0] and "sin" in calls[-1], code
 
 
+def _sum_then_layers(x, w, layers: int):
+    s = torch.sin(x).sum(0).double()  # a reduction read by a cast, which is computed in the add's kernel
+    h = x
+    for _ in range(layers):
+        h = torch.mm(h, w)
+    return h.sum(0) + s  # after `layers` products
+
+
+@pytest.mark.parametrize("layers", [FUSION_DISTANCE // 4, 2 * FUSION_DISTANCE])
+def test_a_backward_stores_a_reduction_its_reader_is_too_far_from(layers):
+    """In a backward, the planner's compile refuses to fuse a reduction into a reader computed
+    more than FUSION_DISTANCE kernels later (here a cast, computed in the add's kernel), so the
+    memory model stores it where it runs and frees its inputs there; nearer, it is still
+    computed in the reader's kernel."""
+    from planner.memory import far_epilogues, kernel_steps, readers, stored_bytes
+
+    gm = _traced(lambda x, w: _sum_then_layers(x, w, layers), torch.randn(64, 64), torch.randn(64, 64))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    sin = next(n for n in nodes if n.target is aten.sin.default)
+    (reduction,) = sin.users
+    far = far_epilogues(nodes, fuse=True)
+    assert (reduction in far) == (layers > FUSION_DISTANCE)
+    assert far_epilogues(nodes, fuse=False) == frozenset()
+    add = nodes[-1]
+    stored, step = stored_bytes(reduction, readers(reduction), True, far), kernel_steps(nodes, True, far)[reduction]
+    if layers > FUSION_DISTANCE:
+        assert stored == 64 * 4 and step == nodes.index(reduction)
+    else:
+        assert stored == 0 and step == nodes.index(add)
+
+
+def _wide_then_narrow(a, b, c, d, e, g):
+    p = a * b + c * d + e  # reads 5 stored inputs, and two kernels read it
+    x = p + g              # reads p and g; two kernels read it too
+    return x.sum(0), x.amax(0), p.sum(1)
+
+
+def test_a_fused_expression_counts_a_stored_producer_as_one_read():
+    """Inductor stores a pointwise value read by several kernels once it reads more than
+    REALIZE_READS stored inputs, and a reader of it then reads one buffer: ``x`` reads ``p`` and
+    ``g`` and stays fused, ``p`` is stored (ConvNeXt's layer-norm gradient and the residual sum
+    after it). Inductor's generated code has the one full-size buffer."""
+    from torch._inductor.utils import run_and_get_code
+
+    from planner.memory import REALIZE_READS, readers, stored_bytes
+
+    args = [torch.randn(64, 64) for _ in range(6)]
+    gm = _traced(_wide_then_narrow, *args)
+    adds = [n for n in gm.graph.nodes if n.target is aten.add.Tensor]
+    p, x = adds[-2], adds[-1]
+    assert REALIZE_READS < 5 and len(readers(p)) == len(readers(x)) == 2
+    assert stored_bytes(p, readers(p), fuse=True) == 64 * 64 * 4
+    assert stored_bytes(x, readers(x), fuse=True) == 0
+
+    torch._dynamo.reset()
+    _, (code, *_) = run_and_get_code(torch.compile(_wide_then_narrow, backend="inductor"), *args)
+    full = [line for line in code.splitlines() if "empty_strided" in line and "(64, 64)" in line]
+    assert len(full) == 1, code
+
+
 def _broadcast_products(x, b, c):
     h = torch.tanh(x * b)  # the backward sums the gradients of b and c over the batch
     return (torch.tanh(h + c) * h).sum()
 
 
 def test_the_backward_fuses_no_kernels_further_apart_than_the_limit():
-    """The planner's compile guard (the memory model does not follow it yet, see
-    planner.memory.epilogue_reduction): inductor compiling a backward refuses the fusions it
+    """The planner's compile guard (which the memory model follows, planner.memory.far_epilogues):
+    inductor compiling a backward refuses the fusions it
     would make across more nodes than the limit (all of them at a limit of 0, none at the
     default on this small graph), and the step trains as before."""
     from planner._torch_compat import fusion_distance_guard
