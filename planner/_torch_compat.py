@@ -234,9 +234,10 @@ FUSION_DISTANCE = 64
 
 def fusion_distance_guard(limit: int = FUSION_DISTANCE) -> Callable:
     """An inductor pre-fusion pass (``_pre_fusion_custom_pass``) after which a backward graph's
-    scheduler fuses no two nodes more than ``limit`` apart in its order, and no two independent
+    scheduler fuses no two nodes more than ``limit`` apart in its order, no two independent
     nodes (a horizontal fusion: neither reads what the other makes) with a matrix product or
-    convolution between them.
+    convolution between them, and no two nodes the later of which needs such a product between
+    them.
 
     Inductor fuses a reduction with its pointwise reader, and two kernels that read one buffer,
     however far apart they are in the graph: the fused kernel runs where the later one would, so
@@ -256,6 +257,15 @@ def fusion_distance_guard(limit: int = FUSION_DISTANCE) -> Callable:
     MLP buffers) and the gradients the sums read stayed alive through them. A matrix product or
     convolution between the two marks a layer boundary, so such fusions are refused
     (``guard.refused_across`` counts them, within ``refused``).
+
+    A producer fused into its reader moves work too: the fused kernel takes the producer's place,
+    so whatever the reader needs that runs between them (a matrix product, and all it reads) is
+    hoisted above the rest of the work there. T5's backward on an H100 fused the first encoder
+    layer's batch-summed position-bias gradient into the sum of all layers' at the end; the
+    second layer's weight gradients then ran after the first layer's whole backward, their inputs
+    and the feed-forward gradients (two 32 MiB buffers) alive through it. So a fusion whose later
+    kernel depends on a matrix product or convolution between the two is refused as well (in
+    ``refused_across``); the memory model follows this (:func:`planner.memory.far_epilogues`).
     """
     def guard(nodes: list) -> list:
         from torch._inductor.virtualized import V
@@ -273,7 +283,8 @@ def refuse_far_fusions(scheduler: Any, nodes: list, limit: int, counts: Any) -> 
     adding to ``counts.refused`` (and ``counts.refused_across``). ``nodes`` are the scheduler's
     nodes before fusion, in order."""
     can_fuse = scheduler.can_fuse
-    products = sorted(node.min_order for node in nodes if node.is_extern())
+    externs = sorted((node.min_order, name) for node in nodes if node.is_extern() for name in node.get_operation_names())
+    products = [order for order, _ in externs]
 
     def near_only(node1, node2, *args, **kwargs) -> bool:
         fuses = can_fuse(node1, node2, *args, **kwargs)
@@ -283,7 +294,9 @@ def refuse_far_fusions(scheduler: Any, nodes: list, limit: int, counts: Any) -> 
         first, last = min(node1.min_order, node2.min_order), max(node1.max_order, node2.max_order)
         independent = not (node1.get_operation_names() & node2.ancestors
                            or node2.get_operation_names() & node1.ancestors)
-        across = independent and bisect.bisect_right(products, first) < bisect.bisect_left(products, last)
+        between = {name for _, name in externs[bisect.bisect_right(products, first):bisect.bisect_left(products, last)]}
+        later = node1 if node1.max_order >= node2.max_order else node2
+        across = bool(between) and (independent or bool(between & later.ancestors))
         if apart > limit or across:
             counts.refused += 1
             counts.refused_across += int(across and apart <= limit)

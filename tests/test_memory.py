@@ -303,7 +303,7 @@ def _sum_then_layers(x, w, layers: int):
     h = x
     for _ in range(layers):
         h = torch.mm(h, w)
-    return h.sum(0) + s  # after `layers` products
+    return h, x.cos().sum(0) + s  # after `layers` products, which the add does not need
 
 
 @pytest.mark.parametrize("layers", [FUSION_DISTANCE // 4, 2 * FUSION_DISTANCE])
@@ -415,5 +415,52 @@ def test_the_backward_fuses_no_independent_kernels_across_a_matrix_product():
     assert not scheduler.can_fuse(nodes[1], nodes[4])  # independent, a product between
     assert not scheduler.can_fuse(nodes[4], nodes[1])
     assert counts.refused == counts.refused_across == 2
+    reads_product = _Node(5, ancestors={"op0", "op2"})  # a reader of op0 that needs the product too
+    assert not scheduler.can_fuse(nodes[0], reads_product) and counts.refused == counts.refused_across == 3
     refuse_far_fusions(scheduler, nodes, 2, counts)  # the distance limit still applies
-    assert not scheduler.can_fuse(nodes[0], nodes[3]) and counts.refused == 3 and counts.refused_across == 2
+    assert not scheduler.can_fuse(nodes[0], nodes[3]) and counts.refused == 4 and counts.refused_across == 3
+
+
+def _sum_product_later(x, w, y, v):
+    r = x.sum(1, keepdim=True)  # a reduction whose reader needs a product made after it
+    q = (y * 3).sin()
+    n = torch.mm(y, v)          # a product the reader does not need
+    m = torch.mm(x, w)          # a product the reader needs
+    return q, n, x * r * m
+
+
+def test_a_reader_that_needs_a_later_product_is_not_fused_with_its_producer():
+    """Fused into its reader, a reduction's kernel stays where the reduction was and the
+    product the reader needs is hoisted above the work between them (inductor's order of a
+    training graph, which it does not reorder for locality); the guard refuses that fusion and
+    the order stays as written. The memory model stores such a reduction where it runs."""
+    from types import SimpleNamespace
+
+    from torch._inductor.utils import run_and_get_code
+
+    from planner._torch_compat import refuse_far_fusions
+    from planner.memory import far_epilogues
+
+    args = [torch.randn(256, 256) for _ in range(4)]
+    orders = {}
+    for guarded in (False, True):
+        counts = SimpleNamespace(refused=0, refused_across=0)
+
+        def guard(nodes, guarded=guarded, counts=counts):
+            if guarded:
+                refuse_far_fusions(nodes[0].scheduler, nodes, FUSION_DISTANCE, counts)
+            return nodes
+
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(_pre_fusion_custom_pass=guard, fx_graph_cache=False, reorder_for_locality=False):
+            _, (code, *_) = run_and_get_code(torch.compile(_sum_product_later, backend="inductor"), *args)
+        calls = code[code.index("def call("):].splitlines()
+        orders[guarded] = [("sum" if "_sum_" in line else "mm") for line in calls
+                           if "extern_kernels.mm(" in line or ("_fused_" in line and "_sum_" in line and "(" in line)]
+        assert (counts.refused > 0) == guarded and counts.refused == counts.refused_across, code  # asked once per round
+    assert orders == {False: ["mm", "sum", "mm"], True: ["sum", "mm", "mm"]}
+
+    gm = _traced(_sum_product_later, *args)
+    order = [n for n in gm.graph.nodes if n.op != "output"]
+    (reduction,) = [n for n in order if n.target is aten.sum.dim_IntList]
+    assert far_epilogues(order, fuse=True) == {reduction}
