@@ -80,7 +80,9 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
                     "plan_seconds": sum(g.plan_seconds for g in backend.graphs),
                     "status": ",".join(sorted({g.decision.status for g in backend.graphs})),
                     "time_limits": [g.decision.stats.get("time_limit") for g in backend.graphs],
-                    "pytorch_split_seconds": [g.decision.stats.get("pytorch_split_seconds") for g in backend.graphs]}
+                    "pytorch_split_seconds": [g.decision.stats.get("pytorch_split_seconds") for g in backend.graphs],
+                    "fusions_refused": backend.fusions_refused.refused,
+                    "fusions_refused_across": backend.fusions_refused.refused_across}
         try:
             record({"method": "planner", "budget": budget, "matched": matched}, compiled, model, details)
         except PlannerError as err:
@@ -151,8 +153,10 @@ def _forward_line(row: dict) -> str:
     def gib(key):
         return "-" if row.get(key) is None else f"{row[key] / GIB:.3f}"
 
+    refused = ("" if row.get("fusions_refused") is None else
+               f"; fusions refused in planned backwards {row['fusions_refused']} ({row['fusions_refused_across']} across layers)")
     return (f"  forward peak {gib('forward_peak_bytes')} (predicted {gib('predicted_forward_peak_bytes')}), "
-            f"held for the backward {gib('held_after_forward_bytes')} (predicted {gib('predicted_held_bytes')})")
+            f"held for the backward {gib('held_after_forward_bytes')} (predicted {gib('predicted_held_bytes')}){refused}")
 
 
 def targets(rows: list[dict], slack: float = 1.01) -> list[str]:

@@ -130,7 +130,7 @@ def has_custom_partitioner_hook() -> bool:
 
 
 def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Callable,
-                     options: dict[str, Any] | None = None) -> Callable:
+                     options: dict[str, Any] | None = None, fusions: Any = None) -> Callable:
     """Compile a dynamo graph with inductor, using ``partition_fn`` to split the joint graph.
 
     Uses inductor's custom partitioner hook, so inductor's joint-graph passes run before the
@@ -155,6 +155,7 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     outside this call instead, as ``torch.compile`` compiles it.
 
     ``options`` are inductor config settings applied over these (``PlannerConfig.inductor_options``).
+    ``fusions``, when given, adds up the guard's refusals (its ``refused`` and ``refused_across``).
 
     Raises
     ------
@@ -175,7 +176,7 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
 
     own = {"allow_buffer_reuse": False}
     if hasattr(inductor_config, "_pre_fusion_custom_pass"):  # 2.11 and 2.13 have it
-        own["_pre_fusion_custom_pass"] = fusion_distance_guard()
+        own["_pre_fusion_custom_pass"] = fusion_distance_guard(counts=fusions)
     if hasattr(inductor_config, "reorder_for_peak_memory"):
         own["reorder_for_peak_memory"] = False
     unknown = sorted(k for k in options or {} if not hasattr(inductor_config, k))
@@ -232,7 +233,7 @@ def pytorch_split_modules(joint: fx.GraphModule, joint_inputs: list, num_fwd_out
 FUSION_DISTANCE = 64
 
 
-def fusion_distance_guard(limit: int = FUSION_DISTANCE) -> Callable:
+def fusion_distance_guard(limit: int = FUSION_DISTANCE, counts: Any = None) -> Callable:
     """An inductor pre-fusion pass (``_pre_fusion_custom_pass``) after which a backward graph's
     scheduler fuses no two nodes more than ``limit`` apart in its order, no two independent
     nodes (a horizontal fusion: neither reads what the other makes) with a matrix product or
@@ -247,8 +248,9 @@ def fusion_distance_guard(limit: int = FUSION_DISTANCE) -> Callable:
     the pass is given, before inductor's own ``can_fuse``. Forward graphs are left alone: on an
     H100, ResNet-50's forward made 322 such fusions, and refusing them cost 4-7% of its step
     for no memory; T5's 30 at budget 0 were all in the backward, and refusing them took its
-    peak from 4.333 to 1.182 GiB at the same step time. ``guard.refused`` counts the fusions
-    inductor would have made that were refused.
+    peak from 4.333 to 1.182 GiB at the same step time. ``guard.refused`` counts the refusals
+    (inductor may ask about one pair in several rounds of fusion), or ``counts.refused`` where
+    ``counts`` is given: an object with ``refused`` and ``refused_across``, shared by compiles.
 
     Within the limit, a horizontal fusion still moves work across layers: ConvNeXt's backward at
     budget 0 (H100) fused the layer-scale gradient sums of three blocks into one kernel, and the
@@ -271,7 +273,7 @@ def fusion_distance_guard(limit: int = FUSION_DISTANCE) -> Callable:
         from torch._inductor.virtualized import V
 
         if nodes and V.graph.is_backward:
-            refuse_far_fusions(nodes[0].scheduler, nodes, limit, guard)
+            refuse_far_fusions(nodes[0].scheduler, nodes, limit, counts if counts is not None else guard)
         return nodes
 
     guard.refused = guard.refused_across = 0

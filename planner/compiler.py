@@ -7,6 +7,7 @@ import warnings
 import weakref
 from functools import partial
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -413,6 +414,10 @@ class PlannerBackend:
     hands its outputs on, what the graphs after it needed while its saved values waited
     (:meth:`rest_after`) instead of its own least peak. Where the plan changes, the graph is
     compiled again (once) and the new modules run from then on; ``replanned`` lists those parts.
+
+    ``fusions_refused`` (``refused``, ``refused_across``) counts, over its compiled graphs, the
+    fusions inductor would have made in planned backwards that the compile guard refused
+    (:func:`planner._torch_compat.fusion_distance_guard`; inductor codegen only).
     """
 
     def __init__(self, config: PlannerConfig, fixed: GraphPlan | None = None, repeats: int = 1) -> None:
@@ -436,7 +441,11 @@ class PlannerBackend:
         self._compiling: tuple[int, int] | None = None  # dynamo's (frame, compile) ids of the graph compiling
         self._place = 0  # its place among the graphs that compile handed over
         self._replanning: Any = None  # the part planned again now, outside dynamo's compile
-        self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_options)
+        # fusions inductor would have made in the planned backwards that the compile guard refused
+        # (planner._torch_compat.fusion_distance_guard), over every graph compiled so far
+        self.fusions_refused = SimpleNamespace(refused=0, refused_across=0)
+        self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_options,
+                                               self.fusions_refused)
 
     def partition(self, joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
         """AOTAutograd partition function: plan the joint graph and split it accordingly. Where

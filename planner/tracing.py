@@ -38,12 +38,14 @@ def as_inputs(example_inputs: Any) -> tuple:
     )
 
 
-def make_backend(partition_fn: Callable, codegen: str, inductor_options: dict[str, Any] | None = None) -> Callable:
+def make_backend(partition_fn: Callable, codegen: str, inductor_options: dict[str, Any] | None = None,
+                 fusions: Any = None) -> Callable:
     """A torch.compile backend whose joint graphs are split by ``partition_fn``.
 
     ``codegen="eager"`` runs the split graphs op by op (like aot_eager); ``"inductor"`` compiles
     them with inductor, through its custom partitioner hook, with ``inductor_options`` over the
-    planner's inductor settings.
+    planner's inductor settings (``fusions`` adds up the fusions its guard refuses,
+    :func:`planner._torch_compat.inductor_compile`).
     Either way, attention masks that mask nothing are dropped first, and strided CUDA masks made
     contiguous (:mod:`planner.attention_masks`).
     """
@@ -53,7 +55,7 @@ def make_backend(partition_fn: Callable, codegen: str, inductor_options: dict[st
         options = dict(inductor_options or {})
 
         def compile_graph(gm, example_inputs):
-            return _torch_compat.inductor_compile(gm, example_inputs, partition_fn, options)
+            return _torch_compat.inductor_compile(gm, example_inputs, partition_fn, options, fusions)
     else:
         raise ValueError(f"codegen must be one of {CODEGENS}, got {codegen!r}")
 

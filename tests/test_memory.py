@@ -464,3 +464,23 @@ def test_a_reader_that_needs_a_later_product_is_not_fused_with_its_producer():
     order = [n for n in gm.graph.nodes if n.op != "output"]
     (reduction,) = [n for n in order if n.target is aten.sum.dim_IntList]
     assert far_epilogues(order, fuse=True) == {reduction}
+
+
+def test_the_planner_backend_counts_the_fusions_its_guard_refuses():
+    """A planned backward of the test MLP at budget 0 (inductor) has fusions the guard refuses,
+    all of independent kernels across a product; the backend adds them up, and the step trains
+    like eager."""
+    from tests.models import MODELS
+    from tests.training import assert_same_step
+
+    backends = []
+
+    def run(model, inputs):
+        compiled = planner.compile(model, memory_budget=0.0, codegen="inductor", time_limit=5)
+        backends.append(compiled.planner_backend)
+        return compiled
+
+    torch._dynamo.reset()
+    assert_same_step(MODELS["mlp"], run)
+    (backend,) = backends
+    assert backend.fusions_refused.refused == backend.fusions_refused.refused_across > 0
