@@ -289,19 +289,21 @@ def refuse_far_fusions(scheduler: Any, nodes: list, limit: int, counts: Any) -> 
     products = [order for order, _ in externs]
 
     def near_only(node1, node2, *args, **kwargs) -> bool:
-        fuses = can_fuse(node1, node2, *args, **kwargs)
-        if not fuses:
+        if not can_fuse(node1, node2, *args, **kwargs):
             return False
-        apart = max(abs(node1.min_order - node2.max_order), abs(node2.min_order - node1.max_order))
+        if max(abs(node1.min_order - node2.max_order), abs(node2.min_order - node1.max_order)) > limit:
+            counts.refused += 1
+            return False
         first, last = min(node1.min_order, node2.min_order), max(node1.max_order, node2.max_order)
+        between = {name for _, name in externs[bisect.bisect_right(products, first):bisect.bisect_left(products, last)]}
+        if not between:
+            return True
+        later = node1 if node1.max_order >= node2.max_order else node2
         independent = not (node1.get_operation_names() & node2.ancestors
                            or node2.get_operation_names() & node1.ancestors)
-        between = {name for _, name in externs[bisect.bisect_right(products, first):bisect.bisect_left(products, last)]}
-        later = node1 if node1.max_order >= node2.max_order else node2
-        across = bool(between) and (independent or bool(between & later.ancestors))
-        if apart > limit or across:
+        if independent or between & later.ancestors:
             counts.refused += 1
-            counts.refused_across += int(across and apart <= limit)
+            counts.refused_across += 1
             return False
         return True
 
