@@ -19,25 +19,21 @@ estimator instead and listed in :attr:`ProfileEstimator.fallbacks`.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
-import re
 import statistics
 from pathlib import Path
 from typing import Container, Sequence
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_flatten, tree_map
 
 from estimators.base import Estimator
 from estimators.roofline import RooflineEstimator
 from estimators.timing import run_times
 from planner import _torch_compat
-from planner.cache import default_cache_dir, write_json
+from planner.cache import default_cache_dir
 from planner.memory import generated
-from planner.ops import aliased_input, device_name, first_tensor, is_getitem
+from planner.ops import aliased_input, first_tensor, is_getitem
+from planner.real_ops import cache_file, merge_into_cache, read_cache, real_call, signature, unrunnable
 
 __all__ = ["ProfileEstimator", "signature", "default_cache_dir"]
 
@@ -96,7 +92,7 @@ class ProfileEstimator(Estimator):
                 if key in fresh:
                     by_file.setdefault(self._file(node), {})[key] = fresh[key]
             for path, entries in by_file.items():
-                _merge_into(path, entries)
+                merge_into_cache(path, "seconds", entries)
 
     def runtime(self, node: fx.Node) -> float:
         if not _priced(node):
@@ -131,9 +127,7 @@ class ProfileEstimator(Estimator):
         return _priced(node) and not (self.fuse and generated(node))
 
     def _file(self, node: fx.Node) -> Path:
-        name = device_name(first_tensor(node.meta.get("val")).device)
-        slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{torch.__version__}-{name}").strip("-")
-        return self.cache_dir / f"profile-{slug}.json"
+        return cache_file(self.cache_dir, "profile", first_tensor(node.meta.get("val")).device)
 
     def _load(self, node: fx.Node) -> None:
         if not self.cache:
@@ -142,12 +136,12 @@ class ProfileEstimator(Estimator):
         if path in self._loaded:
             return
         self._loaded.add(path)
-        entries = _read(path)
+        entries = read_cache(path, "seconds")
         self.cached += sum(1 for key in entries if key not in self.seconds)
         self.seconds.update(entries)
 
     def _profile(self, key: str, node: fx.Node) -> float | None:
-        reason = _unrunnable(node)
+        reason = unrunnable(node)
         if reason is None:
             try:
                 seconds = _time_op(node, self.repeats, self.warmup)
@@ -166,79 +160,14 @@ def _priced(node: fx.Node) -> bool:
             and first_tensor(node.meta.get("val")) is not None)
 
 
-def _describe(value: object) -> str:
-    if isinstance(value, fx.Node):
-        value = value.meta.get("val")
-    if isinstance(value, torch.Tensor):
-        return f"T({tuple(value.shape)},{tuple(value.stride())},{value.dtype},{value.device.type})"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_describe(v) for v in value) + "]"
-    return repr(value)
-
-
-def signature(node: fx.Node) -> str:
-    """``target|sha1`` of the op and its argument shapes, strides, dtypes and other arguments."""
-    described = _describe(list(node.args)) + _describe(sorted(node.kwargs.items()))
-    return f"{node.target}|{hashlib.sha1(described.encode()).hexdigest()[:20]}"
-
-
-def _unrunnable(node: fx.Node) -> str | None:
-    if not isinstance(node.target, torch._ops.OpOverload):
-        return f"not an ATen operator ({node.target})"
-    values, _ = tree_flatten([_val(a) for a in node.args] + [_val(v) for v in node.kwargs.values()])
-    if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in values):
-        return "symbolic sizes"
-    if any(isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape) for v in values):
-        return "symbolic shapes"
-    return None
-
-
-def _val(arg):
-    return arg.meta.get("val") if isinstance(arg, fx.Node) else arg
-
-
-def _real(fake: torch.Tensor) -> torch.Tensor:
-    t = torch.empty_strided(tuple(fake.shape), tuple(fake.stride()), dtype=fake.dtype, device=fake.device)
-    if fake.dtype.is_floating_point or fake.dtype.is_complex:
-        return t.normal_()
-    if fake.dtype == torch.bool:
-        return t.copy_(torch.rand(t.shape, device=t.device) < 0.5)
-    return t.zero_()
-
-
 def _time_op(node: fx.Node, repeats: int, warmup: int) -> float:
     with _torch_compat.real_tensors():  # inside torch.compile, ops on fake tensors run no kernels
         return _time_real_op(node, repeats, warmup)
 
 
 def _time_real_op(node: fx.Node, repeats: int, warmup: int) -> float:
-    def make(arg):
-        val = _val(arg)
-        return _real(val) if isinstance(val, torch.Tensor) else val
-
-    is_node = lambda x: isinstance(x, fx.Node)  # noqa: E731
-    args = tree_map(make, node.args, is_leaf=is_node)
-    kwargs = tree_map(make, node.kwargs, is_leaf=is_node)
+    call = real_call(node)
     device = first_tensor(node.meta["val"]).device
     with torch.no_grad():
-        times = run_times(lambda: node.target(*args, **kwargs), device, repeats, warmup)
+        times = run_times(call, device, repeats, warmup)
     return statistics.median(times)
-
-
-def _read(path: Path) -> dict[str, float]:
-    """The cache file's entries; a missing or unreadable file is an empty cache (it is rewritten)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    entries = data.get("seconds") if isinstance(data, dict) else None
-    return {k: float(v) for k, v in entries.items() if isinstance(v, (int, float))} if isinstance(entries, dict) else {}
-
-
-def _merge_into(path: Path, entries: dict[str, float]) -> None:
-    """Add ``entries`` to the cache file: under a lock, read, merge, write a temp file, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        merged = {**_read(path), **entries}
-        write_json(path, {"torch": torch.__version__, "seconds": merged}, indent=0)

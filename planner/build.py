@@ -13,6 +13,7 @@ from planner.memory import build_schedule, constant_inlined
 from planner.schedule import with_backward_beside, with_rest_of_step
 from planner.ops import aliased_input, first_tensor, is_getitem, is_random, side_effect, storage_bytes
 from planner.problem import Problem
+from planner.workspace import measure_workspaces
 
 __all__ = ["build_problem", "estimate_step_seconds", "hands_on"]
 
@@ -49,6 +50,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     needed = set(joint.needed_by_backward)
     n = len(nodes)
     estimator.prepare(nodes)
+    measure_workspaces(node for node in joint.graph.nodes if node.op == "call_function")  # before the schedule
     nbytes = np.zeros(n, dtype=np.int64)
     runtime = np.zeros(n, dtype=np.float64)
     save_seconds = np.zeros(n, dtype=np.float64)

@@ -56,13 +56,15 @@ class Schedule:
     first_read, last_read : first and last backward step reading node i's storage directly
         (``T`` and -1 if none).
     held : node i is a forward output the caller keeps through the backward.
-    base : bytes of backward values alive at each backward step, plus held forward outputs.
+    base : bytes of backward values alive at each backward step, plus held forward outputs and
+        the scratch memory of the step's library kernel (:mod:`planner.workspace`).
     reuse : bytes of step t's output if its kernel may write it in place into a storage of the
         same size that it reads last (0 if not).
     reuse_base : a backward value (counted in ``base``) is such a storage at step t.
     step_names : the backward steps, in order.
     fwd_base : bytes alive at each forward step whatever the plan (copies of inputs that the
-        compiler makes before the forward; they are counted in ``base`` while read there).
+        compiler makes before the forward, counted in ``base`` while read there; the scratch
+        memory of the step's library kernel).
     repeats : times the graph's forward runs before its backward in one training step (the
         blocks of a model compiled block by block share one graph): each other run holds the
         plan's saved values at every step of this one.

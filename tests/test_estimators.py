@@ -7,7 +7,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from estimators import available_estimators, get_estimator
-from estimators.profile import ProfileEstimator, _merge_into, _read, signature
+from estimators.profile import ProfileEstimator
+from planner.real_ops import merge_into_cache, read_cache, signature
 from estimators.roofline import DATASHEET, RooflineEstimator, datasheet_rates, device_rates
 from planner.errors import ConfigError
 
@@ -87,7 +88,7 @@ def test_profile_measures_each_signature_once_and_reads_it_back_from_the_cache(t
     assert all(first.runtime(n) > 0 for n in nodes)
     (cache_file,) = tmp_path.glob("profile-*.json")
     assert torch.__version__.split("+")[0] in cache_file.name and "cpu" in cache_file.name
-    assert set(_read(cache_file)) == {signature(n) for n in nodes}
+    assert set(read_cache(cache_file, "seconds")) == {signature(n) for n in nodes}
     second = ProfileEstimator(cache_dir=tmp_path, progress=False, fuse=False)
     second.prepare(nodes)
     assert (second.measured, second.cached) == (0, len(nodes))
@@ -146,13 +147,13 @@ def test_profile_prices_ops_it_cannot_run_by_roofline_and_reports_them(tmp_path)
     assert est.measured == 1 and list(est.fallbacks) == [signature(nodes["opaque"])]
     assert est.runtime(nodes["opaque"]) == RooflineEstimator().runtime(nodes["opaque"]) > 0
     assert "acplan_test.opaque.default: cannot run on real tensors" in est.report()
-    cached = _read(next(tmp_path.glob("profile-*.json")))
+    cached = read_cache(next(tmp_path.glob("profile-*.json")), "seconds")
     assert list(cached) == [signature(nodes["mm"])]  # fallbacks are not cached
 
 
 def _writer(path, tag, count):
     for i in range(count):
-        _merge_into(path, {f"{tag}{i}": float(i)})
+        merge_into_cache(path, "seconds", {f"{tag}{i}": float(i)})
 
 
 def test_concurrent_cache_writers_keep_every_entry(tmp_path):

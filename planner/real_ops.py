@@ -1,0 +1,154 @@
+"""Running one op of a graph on real tensors, as the device measurements do, and their caches.
+
+An op is identified by its :func:`signature`: target, argument shapes, strides and dtypes, and
+its non-tensor arguments. :func:`real_call` makes random real tensors of an op's argument
+metadata (integer inputs zeros, a valid index for any embedding, gather or loss; floating inputs
+standard normal) and returns the call. Measurements are cached on disk per torch version and
+device name (:func:`cache_file`), merged under a file lock and replaced atomically, so
+concurrent runs cannot corrupt a cache or drop each other's entries.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten, tree_map
+
+from planner.cache import write_json
+from planner.ops import device_name
+
+__all__ = ["signature", "unrunnable", "real_call", "TensorSpec", "argument_specs", "op_named", "spec_call", "cache_file",
+           "read_cache", "merge_into_cache"]
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, fx.Node):
+        value = value.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return f"T({tuple(value.shape)},{tuple(value.stride())},{value.dtype},{value.device.type})"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_describe(v) for v in value) + "]"
+    return repr(value)
+
+
+def signature(node: fx.Node, target: object = None, args: tuple | None = None, kwargs: dict | None = None) -> str:
+    """``target|sha1`` of the op and its argument shapes, strides, dtypes and other arguments
+    (``node``'s, or ``target`` on ``args`` and ``kwargs``)."""
+    target = node.target if target is None else target
+    args, kwargs = node.args if args is None else args, node.kwargs if kwargs is None else kwargs
+    described = _describe(list(args)) + _describe(sorted(kwargs.items()))
+    return f"{target}|{hashlib.sha1(described.encode()).hexdigest()[:20]}"
+
+
+def unrunnable(node: fx.Node, target: object = None, args: tuple | None = None,
+               kwargs: dict | None = None) -> str | None:
+    """Why ``node``'s op (or ``target`` on ``args`` and ``kwargs``) cannot run on real tensors
+    (not an ATen operator, symbolic sizes), or None."""
+    target = node.target if target is None else target
+    args, kwargs = node.args if args is None else args, node.kwargs if kwargs is None else kwargs
+    if not isinstance(target, torch._ops.OpOverload):
+        return f"not an ATen operator ({target})"
+    values, _ = tree_flatten([_val(a) for a in args] + [_val(v) for v in kwargs.values()])
+    if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in values):
+        return "symbolic sizes"
+    if any(isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape) for v in values):
+        return "symbolic shapes"
+    return None
+
+
+def _val(arg):
+    return arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor argument's metadata, picklable: what a real tensor is made of."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+
+
+def argument_specs(args: object) -> object:
+    """``args`` with each node replaced by its value, and each tensor by its :class:`TensorSpec`."""
+    def spec(arg):
+        val = _val(arg)
+        if isinstance(val, torch.Tensor):
+            return TensorSpec(tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride()), val.dtype,
+                              str(val.device))
+        return val
+
+    return tree_map(spec, args, is_leaf=lambda x: isinstance(x, fx.Node))
+
+
+def op_named(name: str) -> torch._ops.OpOverload:
+    """The ATen operator overload called ``name`` (``str(op)``, e.g. ``aten.mm.default``)."""
+    namespace, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
+def spec_call(target: Callable, args: object, kwargs: object) -> Callable[[], object]:
+    """A call of ``target`` on new random real tensors made of the :class:`TensorSpec` in
+    ``args`` and ``kwargs``."""
+    def make(arg):
+        return _real(arg) if isinstance(arg, TensorSpec) else arg
+
+    args, kwargs = tree_map(make, args), tree_map(make, kwargs)
+    return lambda: target(*args, **kwargs)
+
+
+def _real(fake: torch.Tensor | TensorSpec) -> torch.Tensor:
+    shape, stride = tuple(fake.shape), tuple(fake.stride) if isinstance(fake, TensorSpec) else tuple(fake.stride())
+    t = torch.empty_strided(shape, stride, dtype=fake.dtype, device=fake.device)
+    if fake.dtype.is_floating_point or fake.dtype.is_complex:
+        return t.normal_()
+    if fake.dtype == torch.bool:
+        return t.copy_(torch.rand(t.shape, device=t.device) < 0.5)
+    return t.zero_()
+
+
+def real_call(node: fx.Node, target: Callable | None = None, args: tuple | None = None,
+              kwargs: dict | None = None) -> Callable[[], object]:
+    """A call of ``node``'s op (or ``target`` on ``args`` and ``kwargs``, nodes among them) on
+    new random real tensors of the arguments' metadata, to be made and run where tensors are
+    real (:func:`planner._torch_compat.real_tensors`)."""
+    target = node.target if target is None else target
+    args, kwargs = node.args if args is None else args, node.kwargs if kwargs is None else kwargs
+    return spec_call(target, argument_specs(args), argument_specs(kwargs))
+
+
+def cache_file(cache_dir: Path, kind: str, device: torch.device) -> Path:
+    """The cache file of ``kind`` for ``device``, with this torch."""
+    name = device_name(device)
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{torch.__version__}-{name}").strip("-")
+    return cache_dir / f"{kind}-{slug}.json"
+
+
+def read_cache(path: Path, field: str, kind: type = float) -> dict:
+    """The cache file's entries under ``field``; a missing or unreadable file is an empty cache
+    (it is rewritten)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    entries = data.get(field) if isinstance(data, dict) else None
+    if not isinstance(entries, dict):
+        return {}
+    return {k: kind(v) for k, v in entries.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def merge_into_cache(path: Path, field: str, entries: dict) -> None:
+    """Add ``entries`` to the cache file: under a lock, read, merge, write a temp file, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        merged = {**read_cache(path, field), **entries}
+        write_json(path, {"torch": torch.__version__, field: merged}, indent=0)

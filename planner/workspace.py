@@ -1,0 +1,214 @@
+"""Scratch memory that library kernels allocate while they run, measured on the device.
+
+A matrix product, a convolution or an attention kernel from a library (cuBLAS, cuDNN, the
+attention kernels) may allocate memory through PyTorch's caching allocator for the time it runs
+and free it before it returns: a cuDNN workspace, an attention backward's float32 accumulators.
+No value of the graph accounts for it, yet it is alive at that step's peak. Measured on an H100
+(bf16): the depthwise convolution backward of ConvNeXt-T's last stage at batch 128 allocated
+73.5 MiB inside cuDNN, T5's attention backward with a position bias two 16 MiB blocks; the
+memory model had been that much under the traced peak at those steps.
+
+Inductor generates pointwise, reduction and indexing kernels itself and runs the other ops as
+library (extern) kernels with the arguments the graph gives them, so each of those ops is run
+once per distinct signature (:func:`planner.real_ops.signature`) on random real tensors of its
+arguments' metadata, after a first run that makes the library's lasting allocations (cuBLAS's
+workspace, lazy initialisation): its scratch memory is the peak allocated during the second run
+less what is allocated after it (its outputs held). The ops run in a child process
+(:func:`run_jobs`): the program's RNG streams and peak-memory statistics are untouched, and a
+kernel that crashes on random inputs (T5's attention backward with dropout did, on an H100) is
+reported as not measured, counted as needing no scratch (:func:`failed_workspaces`), rather than
+taking the program down. Results are cached on disk per torch version and device name, as
+profiled times are, so a graph's ops run once per machine.
+
+Only CUDA graphs are measured (a CPU step's memory is the host's, which
+``torch.cuda.max_memory_allocated`` does not see).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+import torch.fx as fx
+
+from planner import _torch_compat
+from planner.cache import default_cache_dir
+from planner.ops import aliased_input, first_tensor, is_getitem, side_effect, written_input
+from planner.real_ops import argument_specs, cache_file, merge_into_cache, op_named, read_cache, signature, spec_call, unrunnable
+
+__all__ = ["measure_workspaces", "workspace_bytes", "measured_workspaces", "failed_workspaces", "run_jobs"]
+
+_BYTES: dict[str, int] = {}  # signature -> scratch bytes, for every signature measured or read in this process
+_FAILED: dict[str, str] = {}  # signature -> why it could not run (counted as no scratch memory)
+_LOADED: set[Path] = set()
+
+
+def workspace_bytes(node: fx.Node) -> int:
+    """The scratch bytes ``node``'s library kernel allocates while it runs, as measured on its
+    device (0 where nothing was measured: generated kernels, CPU graphs, ops not run)."""
+    call = _library_call(node)
+    if call is None:
+        return 0
+    return _BYTES.get(signature(node, *call), 0)
+
+
+def measured_workspaces() -> dict[str, int]:
+    """Every signature measured or read from the cache in this process, with its bytes."""
+    return dict(_BYTES)
+
+
+def failed_workspaces() -> dict[str, str]:
+    """Signatures that could not be measured in this process (counted as no scratch), and why."""
+    return dict(_FAILED)
+
+
+def measure_workspaces(nodes: Iterable[fx.Node], cache_dir: str | Path | None = None, cache: bool = True) -> int:
+    """Measure the scratch memory of every library kernel among ``nodes`` not known yet (read
+    from the disk cache in ``cache_dir``, default :func:`~planner.cache.default_cache_dir`, or
+    run on the device); returns how many were run here."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    todo: dict[str, tuple[fx.Node, tuple]] = {}
+    for node in nodes:
+        call = _library_call(node)
+        if call is None:
+            continue
+        if cache:
+            _load(cache_file(cache_dir, "workspace", _device(node)))
+        key = signature(node, *call)
+        if key not in _BYTES and key not in _FAILED:
+            todo.setdefault(key, (node, call))
+    jobs = {key: _job(key, node, *call) for key, (node, call) in todo.items()}
+    measured = run_jobs([job for job in jobs.values() if not isinstance(job, str)]) if jobs else {}
+    fresh: dict[Path, dict[str, int]] = {}
+    for key, (node, call) in todo.items():
+        result = jobs[key] if isinstance(jobs[key], str) else measured[key]
+        if isinstance(result, str):
+            _FAILED[key] = result
+            continue
+        _BYTES[key] = result
+        fresh.setdefault(cache_file(cache_dir, "workspace", _device(node)), {})[key] = result
+    if cache:
+        for path, entries in fresh.items():
+            merge_into_cache(path, "bytes", entries)
+    return sum(len(entries) for entries in fresh.values())
+
+
+def _load(path: Path) -> None:
+    if path not in _LOADED:
+        _LOADED.add(path)
+        for key, value in read_cache(path, "bytes", int).items():
+            _BYTES.setdefault(key, value)
+
+
+def _library_call(node: fx.Node) -> tuple[Callable, tuple, dict] | None:
+    """The op, arguments and keyword arguments ``node`` runs as a library kernel on a CUDA
+    device (a random op's own, where the node replays or saves its RNG state), or None."""
+    if node.op != "call_function" or is_getitem(node) or not isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)):
+        return None
+    target, args, kwargs = node.target, node.args, node.kwargs
+    if target is _torch_compat.run_and_save_rng_state():
+        target, args = args[0], args[1:]
+    elif target is _torch_compat.run_with_rng_state():
+        target, args = args[1], args[2:]
+    elif aliased_input(node) is not None or written_input(node) is not None or side_effect(node):
+        return None
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    if _device(node) is None:
+        return None
+    from planner.memory import library_kernel  # the memory model reads this module's figures
+
+    if not library_kernel(target):
+        return None  # inductor generates its kernel
+    return target, tuple(args), dict(kwargs)
+
+
+def _cuda_scratch(call: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes allocated while ``call`` runs, less those allocated after it (its outputs)."""
+    out = call()  # the library's lasting allocations and lazy set-up happen here
+    del out
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = call()
+    torch.cuda.synchronize(device)
+    scratch = torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
+    del out
+    return scratch
+
+
+# device type -> "module:function" measuring a call's scratch memory there (the devices whose
+# memory a budget bounds); run in a child process, by name
+_DEVICES: dict[str, str] = {"cuda": "planner.workspace:_cuda_scratch"}
+CHILD_SECONDS = 120.0  # the most one measuring process may run before it is stopped
+
+
+def _device(node: fx.Node) -> torch.device | None:
+    """The device of ``node``'s tensor inputs, where scratch memory is measured there."""
+    for inp in node.all_input_nodes:
+        val = inp.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type in _DEVICES:
+            return val.device
+    return None
+
+
+def _job(key: str, node: fx.Node, target: Callable, args: tuple, kwargs: dict) -> tuple | str:
+    """What a measuring process needs to run ``target`` on ``node``'s arguments, or why it cannot."""
+    reason = unrunnable(node, target, args, kwargs)
+    if reason is not None:
+        return reason
+    device = _device(node)
+    return key, str(target), argument_specs(args), argument_specs(kwargs), str(device), _DEVICES[device.type]
+
+
+def run_jobs(jobs: list[tuple]) -> dict[str, int | str]:
+    """Measure each job in a child process, so that a library kernel that crashes on random
+    inputs (a segmentation fault) or hangs takes only that process down: its job is reported
+    as failed and a new process goes on with the rest. Returns bytes, or why, per job key."""
+    results: dict[str, int | str] = {}
+    pending = list(jobs)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+    while pending:
+        proc = subprocess.Popen([sys.executable, "-m", "planner.workspace"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        try:
+            out, _ = proc.communicate(pickle.dumps(pending), timeout=CHILD_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        for line in out.decode(errors="replace").splitlines():
+            try:
+                key, value = json.loads(line)
+            except ValueError:
+                continue
+            results[key] = value if isinstance(value, str) else int(value)
+        pending = [job for job in pending if job[0] not in results]
+        if pending:  # the process died (or ran out of time) on the first job it did not report
+            how = f"exit status {proc.returncode}" if proc.returncode is not None else "no exit"
+            results[pending[0][0]] = f"stopped the measuring process ({how}, or over {CHILD_SECONDS:.0f} s)"
+            pending = pending[1:]
+    return results
+
+
+def _child() -> None:
+    """The measuring process: jobs pickled on stdin, one JSON line per job on stdout."""
+    import importlib
+
+    for key, name, args, kwargs, device, measurer in pickle.loads(sys.stdin.buffer.read()):
+        module, function = measurer.split(":")
+        try:
+            with torch.no_grad():
+                scratch = getattr(importlib.import_module(module), function)(spec_call(op_named(name), args, kwargs),
+                                                                            torch.device(device))
+            value: int | str = max(0, int(scratch))
+        except Exception as err:  # an op that cannot run on random tensors is taken to need no scratch
+            value = f"cannot run on real tensors: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        print(json.dumps([key, value]), flush=True)
+
+
+if __name__ == "__main__":
+    _child()

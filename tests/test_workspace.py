@@ -1,0 +1,84 @@
+"""Library kernels' scratch memory: measured in a child process, counted at its step."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import planner
+import planner.workspace as workspace
+from estimators import get_estimator
+from planner.bounds import runtime_optimal_plan
+from planner.build import build_problem
+from planner.emit import emit
+from planner.memory import simulate
+from planner.problem import memory_profile
+from planner.real_ops import argument_specs
+from tests.models import MODELS
+
+SCRATCH = 3 << 20
+
+
+def three_mib(call, device):
+    """A stand-in measurer for CPU tests: runs the call and reports 3 MiB of scratch."""
+    call()
+    return SCRATCH
+
+
+def crash_on_batched(call, device):
+    """Kills its process on a batched product, as a library kernel crashing on random inputs does."""
+    out = call()
+    if out.dim() == 3:
+        os._exit(7)
+    return out.numel()
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setattr(workspace, "_BYTES", {})
+    monkeypatch.setattr(workspace, "_FAILED", {})
+    monkeypatch.setattr(workspace, "_LOADED", set())
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
+    return monkeypatch
+
+
+def _planned(name):
+    model, inputs = MODELS[name]()
+    joint = planner.capture(model, inputs, codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    plan = runtime_optimal_plan(problem)
+    forward, backward = emit(joint, problem, [problem.names[i] for i in np.flatnonzero(plan.saved)])
+    timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=True)
+    kernels = {n.name for gm in (forward, backward) for n in gm.graph.nodes if workspace.workspace_bytes(n)}
+    return timeline, memory_profile(problem, plan).peak, kernels
+
+
+def test_cpu_graphs_are_not_measured(fresh):
+    timeline, bound, kernels = _planned("cnn")
+    assert kernels == set() and workspace.measured_workspaces() == {}
+
+
+def test_scratch_is_alive_at_its_kernels_step_in_the_simulation_and_the_solvers_bound(fresh):
+    before, bound_before, _ = _planned("cnn")
+    fresh.setattr(workspace, "_DEVICES", {"cpu": "tests.test_workspace:three_mib"})
+    after, bound_after, kernels = _planned("cnn")
+    assert {"convolution", "convolution_backward"} <= {name.rstrip("_0123456789") for name in kernels}
+    assert set(workspace.measured_workspaces().values()) == {SCRATCH}
+    assert len(before.steps) == len(after.steps)
+    for (phase, name, old), (_, _, new) in zip(before.steps, after.steps):
+        assert new - old == (SCRATCH if name in kernels else 0), (phase, name)
+    # no recomputation at the fast end: the schedule's bound is the simulation, scratch included
+    assert bound_before == before.peak and bound_after == after.peak > before.peak
+    # measured once per signature: a second graph of the same ops runs nothing
+    assert workspace.measure_workspaces(n for n in planner.capture(*MODELS["cnn"](), codegen="inductor").graph.nodes) == 0
+
+
+def test_a_kernel_that_crashes_its_measuring_process_is_reported_and_the_rest_measured():
+    a, b = torch.randn(4, 8), torch.randn(8, 2)
+    jobs = [(key, name, argument_specs(args), {}, "cpu", "tests.test_workspace:crash_on_batched")
+            for key, name, args in [("first", "aten.mm.default", (a, b)),
+                                    ("crashes", "aten.bmm.default", (a[None], b[None])),
+                                    ("after", "aten.mm.default", (b.t(), a.t()))]]
+    results = workspace.run_jobs(jobs)
+    assert results["first"] == 8 and results["after"] == 8
+    assert "stopped the measuring process (exit status 7" in results["crashes"]
