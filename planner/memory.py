@@ -22,10 +22,9 @@ Both follow the same rules, read from node metadata:
 * a library kernel (a matrix product, a convolution, attention: :func:`library_kernel`) on a
   CUDA device also holds the scratch memory measured for it (:mod:`planner.workspace`: a cuDNN
   workspace, an attention backward's accumulators) while it runs, at its own step only. The
-  schedule counts it at the steps of the forward's and the backward's own kernels; a copy
-  recomputed in the backward holds it too in the simulation, which the schedule, built before
-  the plan places copies, does not count (a recomputed convolution's workspace: 0.1-294 MiB on
-  ResNet-50 at batch 128 on an H100);
+  schedule counts it at the steps of the forward's and the backward's own kernels, and a
+  recomputed copy's at the step the copy is made for (a recomputed convolution's workspace:
+  0.1-294 MiB on ResNet-50 at batch 128 on an H100);
 * with ``fuse=True``, when inductor lays the forward out channels-last (its layout optimisation,
   on for most convolutional networks), every 4-D input or weight of a convolution that is a
   graph input not already channels-last is copied before the forward runs
@@ -599,7 +598,8 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     base += np.array([workspace_bytes(step) for step in steps], dtype=np.int64)
     base += sum(storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held)
                 if isinstance(nodes[i].meta.get("val"), torch.Tensor))
-    fwd_base = np.array([workspace_bytes(node) for node in nodes], dtype=np.int64)
+    scratch = np.array([workspace_bytes(node) for node in nodes], dtype=np.int64)  # library kernels' (planner.workspace)
+    fwd_base = scratch.copy()
     copies = layout_copies([*joint.primals, *nodes]) if fuse else {}
     if copies:
         until = _latest_reads(nodes, index, first_read, last_read, fused, len(steps))
@@ -612,7 +612,8 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
             fwd_base[: fwd_end + 1] += size
             base[: end + 1] += size
     return Schedule(owner, transient, copy_bytes, fused, made_with, fwd_last, first_read, last_read, held, base,
-                    reuse, reuse_base, tuple(s.name for s in steps), fwd_base=fwd_base)
+                    reuse, reuse_base, tuple(s.name for s in steps), fwd_base=fwd_base,
+                    copy_scratch=scratch)
 
 
 def _latest_reads(nodes: list[fx.Node], index: dict, first_read: np.ndarray, last_read: np.ndarray,

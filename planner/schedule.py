@@ -10,7 +10,8 @@ the backward steps in the order the emitter writes them. A plan's memory at each
   temporaries), saved storages still to be read, and recomputed copies already made and still
   to be read. A recomputed node is made just before its first reader (a backward step, or
   another copy), as :mod:`planner.emit` places it; the copies made for step t are counted as
-  alive together at t (an upper bound on the transient peak while they are made). A copy that
+  alive together at t (an upper bound on the transient peak while they are made), with the
+  scratch memory of their library kernels (``copy_scratch``). A copy that
   is fused (computed inside the kernels that read it, never stored) reads its inputs in each of
   those kernels, so its inputs stay alive until its last reader has run. The outputs of a
   recomputed multi-output op are made together, with the op. A backward kernel may write its
@@ -68,6 +69,9 @@ class Schedule:
     repeats : times the graph's forward runs before its backward in one training step (the
         blocks of a model compiled block by block share one graph): each other run holds the
         plan's saved values at every step of this one.
+    copy_scratch : bytes of scratch memory node i's library kernel holds while it runs
+        (:mod:`planner.workspace`), counted for its recomputed copy at the step the copy is made
+        (``None``: none anywhere).
     """
 
     owner: np.ndarray
@@ -85,6 +89,11 @@ class Schedule:
     step_names: tuple[str, ...]
     fwd_base: np.ndarray
     repeats: int = 1
+    copy_scratch: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.copy_scratch is None:
+            object.__setattr__(self, "copy_scratch", np.zeros(len(self.owner), dtype=np.int64))
 
     @property
     def num_steps(self) -> int:
@@ -116,7 +125,7 @@ class Schedule:
     def check(self, n: int) -> None:
         """Raise ValueError if the arrays do not fit a problem of ``n`` nodes."""
         for name in ("owner", "transient", "copy_bytes", "fused", "made_with", "fwd_last", "first_read", "last_read",
-                     "held", "fwd_base"):
+                     "held", "fwd_base", "copy_scratch"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Schedule.{name} has {len(getattr(self, name))} rows, expected {n}")
         for name in ("reuse", "reuse_base"):
@@ -212,6 +221,10 @@ def profile(
     bwd = np.zeros(steps + 1, dtype=np.int64)
     np.add.at(bwd, start, size)
     np.add.at(bwd, end + 1, -size)
+    for e, step in made.items():  # a recomputed library kernel's scratch, while its copy is made
+        if s.copy_scratch[e] and step < steps:
+            bwd[step] += s.copy_scratch[e]
+            bwd[step + 1] -= s.copy_scratch[e]
     reused = s.reuse_base.copy()
     last = (end == s.last_read[alive]) & (size > 0) & (s.reuse[np.minimum(end, steps - 1)] == size) & (end < steps)
     reused[end[last]] = True  # read last by the kernel of step `end`, which writes into it

@@ -30,6 +30,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -85,13 +86,19 @@ def measure_workspaces(nodes: Iterable[fx.Node], cache_dir: str | Path | None = 
     jobs = {key: _job(key, node, *call) for key, (node, call) in todo.items()}
     measured = run_jobs([job for job in jobs.values() if not isinstance(job, str)]) if jobs else {}
     fresh: dict[Path, dict[str, int]] = {}
+    failed: list[str] = []
     for key, (node, call) in todo.items():
         result = jobs[key] if isinstance(jobs[key], str) else measured[key]
         if isinstance(result, str):
             _FAILED[key] = result
+            failed.append(f"{key.split('|')[0]} ({node.name}): {result}")
             continue
         _BYTES[key] = result
         fresh.setdefault(cache_file(cache_dir, "workspace", _device(node)), {})[key] = result
+    if failed:  # kernels whose scratch is unknown, counted as none: say so
+        warnings.warn(f"the scratch memory of {len(failed)} library kernel(s) could not be measured and is counted as "
+                      f"none in the planner's memory model: {'; '.join(failed[:3])}{'; ...' if len(failed) > 3 else ''}",
+                      stacklevel=2)
     if cache:
         for path, entries in fresh.items():
             merge_into_cache(path, "bytes", entries)

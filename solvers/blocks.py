@@ -65,7 +65,8 @@ def find_blocks(problem: Problem, min_count: int = 2, min_cover: float = 0.5) ->
     signature = np.array([kinds.setdefault(key, len(kinds)) for key in zip(
         (_SUFFIX.sub("", name) for name in problem.names), problem.nbytes.tolist(), problem.runtime.tolist(),
         problem.saveable.tolist(), problem.recomputable.tolist(), problem.random.tolist(), problem.needed.tolist(),
-        problem.schedule.copy_bytes.tolist(), problem.schedule.fused.tolist())], dtype=np.int64)
+        problem.schedule.copy_bytes.tolist(), problem.schedule.fused.tolist(), problem.schedule.copy_scratch.tolist())],
+        dtype=np.int64)
     degree = np.diff(problem.input_ptr)
     inputs = np.full((n, int(degree.max(initial=0))), _PAD, dtype=np.int64)
     for i, ins in enumerate(problem.inputs):

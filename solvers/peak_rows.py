@@ -10,7 +10,8 @@ e exists by then::
 
 A saved node is alive at t while it is read at t or later, directly or by a copy not yet made
 before t (``recomputed[w] - made[w,t-1]``); a copy is alive at t if made by t and alive in the
-same sense. A fused copy reads its inputs at every kernel up to its last reader's, so its
+same sense; a library kernel's scratch counts at the step its copy is made
+(``made[e,t] - made[e,t-1]``). A fused copy reads its inputs at every kernel up to its last reader's, so its
 readers' copies count too; a multi-output op's outputs are made with it; a step whose kernel
 may write its output into a value it reads last subtracts that output's bytes, through a
 variable at most 1 when such a value ends there. Forward rows need only the saved variables.
@@ -39,7 +40,7 @@ def memory_unit(problem: Problem) -> float:
     """Bytes per unit of the memory rows: a power of two (so scaling is exact) that keeps the
     rows' values under about 2**20, where the back ends' absolute tolerances are far below a byte."""
     s = problem.schedule
-    total = int(s.repeats * problem.nbytes.sum() + s.transient.sum() + s.copy_bytes.sum()
+    total = int(s.repeats * problem.nbytes.sum() + s.transient.sum() + s.copy_bytes.sum() + s.copy_scratch.sum()
                 + max(s.base.max(initial=0), s.fwd_base.max(initial=0))) + 1
     return float(2 ** max(0, total.bit_length() - 21))
 
@@ -60,6 +61,7 @@ class PeakRows:
             if self.own[e] and self.rvar[e] >= 0:
                 earliest[e] = min([int(s.first_read[e])] + [int(earliest[w]) for w in self.cons[e] if self.rvar[w] >= 0])
         self.earliest = earliest
+        self.scratchy = [int(e) for e in np.flatnonzero(self.own & (self.rvar >= 0) & (s.copy_scratch > 0))]
         # outputs of a multi-output op: made with the op
         self.outputs = [(int(g), int(s.made_with[g])) for g in np.flatnonzero(self.own & (self.rvar >= 0))
                         if s.made_with[g] != g]
@@ -151,6 +153,11 @@ class PeakRows:
                         build.add_row([alive] + [c for f in factors for c, _ in f],
                                       [1.0] + [-v for f in factors for _, v in f], 1.0 - len(factors), np.inf)
                     terms.append((int(alive), float(size)))
+        for e in self.scratchy:  # a library kernel's scratch while its copy is made: made[e,t] - made[e,t-1]
+            if e in made_now:
+                terms.append((made_now[e], float(s.copy_scratch[e])))
+                if e in made_before:
+                    terms.append((made_before[e], -float(s.copy_scratch[e])))
         return float(s.base[t]) - (float(s.reuse[t]) if s.reuse_base[t] else 0.0), terms + self._reuse(build, t, made_now)
 
     def _reuse(self, build: RowBuilder, t: int, made_now: dict) -> list:

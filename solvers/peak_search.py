@@ -49,7 +49,7 @@ def _neighbours(problem: Problem, plan: Evaluation, width: int):
         t = int(np.argmax(prof.backward))
         alive_saved = plan.saved & own  # saved values live from the forward; the size ranks them
         alive_copies = plan.recomputed & own & (s.first_read <= t) & (s.last_read >= t)
-    for mask, size, flip in ((alive_saved, problem.nbytes, False), (alive_copies, s.copy_bytes, True)):
+    for mask, size, flip in ((alive_saved, problem.nbytes, False), (alive_copies, s.copy_bytes + s.copy_scratch, True)):
         nodes = np.flatnonzero(mask & (size > 0))
         allowed = problem.saveable if flip else problem.recomputable
         for i in nodes[np.argsort(-size[nodes], kind="stable")][:width]:

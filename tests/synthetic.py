@@ -75,6 +75,7 @@ def _random_schedule(rng: np.random.Generator, nbytes: np.ndarray, needed: np.nd
         reuse_base=(reuse > 0) & (rng.random(steps) < 0.2),
         step_names=tuple(f"b{t}" for t in range(steps)),
         fwd_base=np.sort(rng.integers(0, 40, n))[::-1].astype(np.int64) * (rng.random() < 0.5),
+        copy_scratch=np.where(rng.random(n) < 0.3, rng.integers(1, 60, n), 0).astype(np.int64),  # library kernels'
     )
 
 

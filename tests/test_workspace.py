@@ -1,14 +1,16 @@
 """Library kernels' scratch memory: measured in a child process, counted at its step."""
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import planner
 import planner.workspace as workspace
 from estimators import get_estimator
-from planner.bounds import runtime_optimal_plan
+from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.build import build_problem
 from planner.emit import emit
 from planner.memory import simulate
@@ -82,3 +84,38 @@ def test_a_kernel_that_crashes_its_measuring_process_is_reported_and_the_rest_me
     results = workspace.run_jobs(jobs)
     assert results["first"] == 8 and results["after"] == 8
     assert "stopped the measuring process (exit status 7" in results["crashes"]
+
+
+def test_a_recomputed_kernels_scratch_is_in_the_solvers_bound_where_its_copy_is_made(fresh):
+    fresh.setattr(workspace, "_DEVICES", {"cpu": "tests.test_workspace:three_mib"})
+    model, inputs = MODELS["cnn"]()
+    problem = build_problem(planner.capture(model, inputs, codegen="inductor"), get_estimator("flops"), fuse=True)
+    plan = min_memory_plan(problem)
+    s = problem.schedule
+    copies = np.flatnonzero(plan.recomputed & (s.owner == np.arange(len(problem))) & (s.copy_scratch > 0))
+    assert len(copies) and set(s.copy_scratch[copies]) == {SCRATCH}  # the convolutions, recomputed
+    joint = planner.capture(model, inputs, codegen="inductor")
+    forward, backward = emit(joint, problem, [problem.names[i] for i in np.flatnonzero(plan.saved)])
+    timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=True)
+    bound = memory_profile(problem, plan)
+    without = memory_profile(replace(problem, schedule=replace(s, copy_scratch=np.zeros_like(s.copy_scratch))), plan)
+    # each copy's scratch counted once, at the step it is made for
+    assert int((bound.backward - without.backward).sum()) == SCRATCH * len(copies)
+    simulated = {step: b for phase, step, b in timeline.steps if phase == "backward"}
+    steps = [(step, int(bound.backward[t]), simulated[step]) for t, step in enumerate(s.step_names) if step in simulated]
+    assert len(steps) > len(bound.backward) // 2
+    assert [step for step in steps if step[2] > step[1]] == []
+    assert timeline.peak <= bound.peak
+
+
+def test_a_kernel_that_cannot_be_measured_is_named_in_a_warning_and_counted_as_none(fresh):
+    fresh.setattr(workspace, "_DEVICES", {"cpu": "tests.test_workspace:crash_on_batched"})
+    gm = make_fx(lambda a, b: torch.mm(a, b).sum() + torch.bmm(a[None], b[None]).sum(), tracing_mode="fake")(
+        torch.randn(4, 8), torch.randn(8, 2))
+    nodes = {str(n.target): n for n in gm.graph.nodes if n.op == "call_function"}
+    with pytest.warns(UserWarning, match=r"1 library kernel\(s\) could not be measured .*aten\.bmm\.default"):
+        assert workspace.measure_workspaces(gm.graph.nodes) == 1
+    assert workspace.workspace_bytes(nodes["aten.mm.default"]) == 8
+    assert workspace.workspace_bytes(nodes["aten.bmm.default"]) == 0
+    (failed,) = workspace.failed_workspaces()
+    assert failed.startswith("aten.bmm.default|")
