@@ -13,7 +13,10 @@ op's (an eager ``var_mean`` of the GPT's LayerNorm measured 167 µs on an H100).
 attention, convolutions and the other library kernels are measured.
 
 Integer inputs are zeros (a valid index for any embedding, gather or loss), floating inputs
-standard normal. Ops that cannot run on real tensors (custom ops with only a fake
+standard normal. The ops run in a child process (:func:`planner.real_ops.run_in_child`), so one
+that crashes on such inputs (T5's efficient-attention backward with dropout did, on an H100) is
+priced by the roofline and reported instead of taking the program down; an op registered only in
+this process (a custom op) is run here. Ops that cannot run on real tensors (custom ops with only a fake
 implementation, symbolic shapes, ops that are not ATen operators) are priced by the roofline
 estimator instead and listed in :attr:`ProfileEstimator.fallbacks`.
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Container, Sequence
+from typing import Callable, Container, Sequence
 
 import torch
 import torch.fx as fx
@@ -33,7 +36,8 @@ from planner import _torch_compat
 from planner.cache import default_cache_dir
 from planner.memory import generated
 from planner.ops import aliased_input, first_tensor, is_getitem
-from planner.real_ops import cache_file, merge_into_cache, read_cache, real_call, signature, unrunnable
+from planner.real_ops import (UNKNOWN_OP, argument_specs, cache_file, merge_into_cache, read_cache, real_call, run_in_child,
+                              signature, unrunnable)
 
 __all__ = ["ProfileEstimator", "signature", "default_cache_dir"]
 
@@ -82,10 +86,26 @@ class ProfileEstimator(Estimator):
                 key = signature(node)
                 if key not in self.seconds and key not in self.fallbacks:
                     todo.setdefault(key, node)
+        jobs = []
+        for key, node in todo.items():
+            reason = unrunnable(node)
+            if reason is not None:
+                self.fallbacks[key] = reason
+                continue
+            device = first_tensor(node.meta["val"]).device
+            jobs.append((key, str(node.target), argument_specs(node.args), argument_specs(node.kwargs), str(device),
+                         "estimators.profile:median_seconds", {"repeats": self.repeats, "warmup": self.warmup}))
+        with tqdm(total=len(jobs), desc="profiling ops", disable=not self.progress or not jobs, leave=False) as bar:
+            results = run_in_child(jobs, lambda key: bar.update()) if jobs else {}
         fresh = {}
-        for key, node in tqdm(todo.items(), desc="profiling ops", disable=not self.progress or not todo, leave=False):
-            fresh[key] = self._profile(key, node)
-        fresh = {k: v for k, v in fresh.items() if v is not None}
+        for key, value in results.items():
+            if isinstance(value, str) and value.startswith(UNKNOWN_OP):  # registered in this process only
+                value = self._profile_here(todo[key])
+            if isinstance(value, str):
+                self.fallbacks[key] = value
+                continue
+            self.seconds[key] = fresh[key] = value
+            self.measured += 1
         if fresh and self.cache:
             by_file: dict[Path, dict] = {}
             for key, node in todo.items():
@@ -140,19 +160,12 @@ class ProfileEstimator(Estimator):
         self.cached += sum(1 for key in entries if key not in self.seconds)
         self.seconds.update(entries)
 
-    def _profile(self, key: str, node: fx.Node) -> float | None:
-        reason = unrunnable(node)
-        if reason is None:
-            try:
-                seconds = _time_op(node, self.repeats, self.warmup)
-            except Exception as err:  # any failure to run it on real tensors prices it by roofline
-                reason = f"cannot run on real tensors: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        if reason is not None:
-            self.fallbacks[key] = reason
-            return None
-        self.seconds[key] = seconds
-        self.measured += 1
-        return seconds
+    def _profile_here(self, node: fx.Node) -> float | str:
+        """Seconds of an op measured in this process (one a new process does not know), or why not."""
+        try:
+            return _time_op(node, self.repeats, self.warmup)
+        except Exception as err:  # any failure to run it on real tensors prices it by roofline
+            return f"cannot run on real tensors: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def _priced(node: fx.Node) -> bool:
@@ -166,8 +179,10 @@ def _time_op(node: fx.Node, repeats: int, warmup: int) -> float:
 
 
 def _time_real_op(node: fx.Node, repeats: int, warmup: int) -> float:
-    call = real_call(node)
-    device = first_tensor(node.meta["val"]).device
     with torch.no_grad():
-        times = run_times(call, device, repeats, warmup)
-    return statistics.median(times)
+        return median_seconds(real_call(node), first_tensor(node.meta["val"]).device, repeats, warmup)
+
+
+def median_seconds(call: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> float:
+    """The median seconds of ``repeats`` timed calls after ``warmup`` (run in a measuring process)."""
+    return statistics.median(run_times(call, device, repeats, warmup))

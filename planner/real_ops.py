@@ -5,14 +5,21 @@ its non-tensor arguments. :func:`real_call` makes random real tensors of an op's
 metadata (integer inputs zeros, a valid index for any embedding, gather or loss; floating inputs
 standard normal) and returns the call. Measurements are cached on disk per torch version and
 device name (:func:`cache_file`), merged under a file lock and replaced atomically, so
-concurrent runs cannot corrupt a cache or drop each other's entries.
+concurrent runs cannot corrupt a cache or drop each other's entries. :func:`run_in_child` runs
+measurements in a child process, so that a kernel crashing on random inputs cannot take the
+program down.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import json
+import os
+import pickle
 import re
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,7 +32,7 @@ from planner.cache import write_json
 from planner.ops import device_name
 
 __all__ = ["signature", "unrunnable", "real_call", "TensorSpec", "argument_specs", "op_named", "spec_call", "cache_file",
-           "read_cache", "merge_into_cache"]
+           "read_cache", "merge_into_cache", "run_in_child"]
 
 
 def _describe(value: object) -> str:
@@ -152,3 +159,77 @@ def merge_into_cache(path: Path, field: str, entries: dict) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         merged = {**read_cache(path, field), **entries}
         write_json(path, {"torch": torch.__version__, field: merged}, indent=0)
+
+
+CHILD_SECONDS = 120.0  # the most one measuring process may run before it is stopped
+UNKNOWN_OP = "unknown operator"  # a job's op is not registered in the measuring process
+
+
+def run_in_child(jobs: list[tuple], on_result: Callable[[str], None] | None = None) -> dict[str, float | str]:
+    """Run measurements in a child process, so that a kernel that crashes on random inputs (a
+    segmentation fault) or hangs takes only that process down: its job is reported as failed
+    and a new process goes on with the rest.
+
+    A job is ``(key, op name, argument specs, keyword argument specs, device, measurer,
+    options)``: the op (:func:`op_named`) is called on random tensors made of the specs
+    (:func:`spec_call`) and ``measurer`` (``"module:function"``) is called with the call, the
+    device and ``options``, returning a number. Returns the number, or why there is none, per
+    key; ``on_result`` is called with each key as its result comes (a progress bar's update)."""
+    results: dict[str, float | str] = {}
+    pending = list(jobs)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+    while pending:
+        proc = subprocess.Popen([sys.executable, "-m", "planner.real_ops"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        timer = threading.Timer(CHILD_SECONDS, proc.kill)
+        timer.start()
+        try:
+            proc.stdin.write(pickle.dumps(pending))
+            proc.stdin.close()
+            for line in proc.stdout:
+                try:
+                    key, value = json.loads(line)
+                except ValueError:
+                    continue
+                results[key] = value if isinstance(value, str) else float(value)
+                if on_result is not None:
+                    on_result(key)
+            proc.wait()
+        except BrokenPipeError:  # the process died before it read its jobs
+            proc.wait()
+        finally:
+            timer.cancel()
+        pending = [job for job in pending if job[0] not in results]
+        if pending:  # the process died (or ran out of time) on the first job it did not report
+            results[pending[0][0]] = (f"stopped the measuring process (exit status {proc.returncode}; "
+                                      f"stopped after {CHILD_SECONDS:.0f} s if negative 9)")
+            if on_result is not None:
+                on_result(pending[0][0])
+            pending = pending[1:]
+    return results
+
+
+def _child() -> None:
+    """The measuring process: jobs pickled on stdin, one JSON line per job on stdout."""
+    import importlib
+
+    for key, name, args, kwargs, device, measurer, options in pickle.loads(sys.stdin.buffer.read()):
+        module, function = measurer.split(":")
+        try:
+            op = op_named(name)
+        except AttributeError:
+            print(json.dumps([key, f"{UNKNOWN_OP}: {name} is not registered in a new process"]), flush=True)
+            continue
+        try:
+            with torch.no_grad():
+                value: float | str = float(getattr(importlib.import_module(module), function)(
+                    spec_call(op, args, kwargs), torch.device(device), **options))
+        except Exception as err:  # an op that cannot run on random tensors is reported, not raised
+            value = f"cannot run on real tensors: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        print(json.dumps([key, value]), flush=True)
+
+
+if __name__ == "__main__":  # run as the module itself, whose TensorSpec the jobs were pickled with
+    from planner.real_ops import _child as child
+
+    child()

@@ -14,7 +14,7 @@ once per distinct signature (:func:`planner.real_ops.signature`) on random real 
 arguments' metadata, after a first run that makes the library's lasting allocations (cuBLAS's
 workspace, lazy initialisation): its scratch memory is the peak allocated during the second run
 less what is allocated after it (its outputs held). The ops run in a child process
-(:func:`run_jobs`): the program's RNG streams and peak-memory statistics are untouched, and a
+(:func:`planner.real_ops.run_in_child`): the program's RNG streams and peak-memory statistics are untouched, and a
 kernel that crashes on random inputs (T5's attention backward with dropout did, on an H100) is
 reported as not measured, counted as needing no scratch (:func:`failed_workspaces`), rather than
 taking the program down. Results are cached on disk per torch version and device name, as
@@ -25,11 +25,6 @@ Only CUDA graphs are measured (a CPU step's memory is the host's, which
 """
 from __future__ import annotations
 
-import json
-import os
-import pickle
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Callable, Iterable
@@ -40,9 +35,9 @@ import torch.fx as fx
 from planner import _torch_compat
 from planner.cache import default_cache_dir
 from planner.ops import aliased_input, first_tensor, is_getitem, side_effect, written_input
-from planner.real_ops import argument_specs, cache_file, merge_into_cache, op_named, read_cache, signature, spec_call, unrunnable
+from planner.real_ops import argument_specs, cache_file, merge_into_cache, read_cache, run_in_child, signature, unrunnable
 
-__all__ = ["measure_workspaces", "workspace_bytes", "measured_workspaces", "failed_workspaces", "run_jobs"]
+__all__ = ["measure_workspaces", "workspace_bytes", "measured_workspaces", "failed_workspaces"]
 
 _BYTES: dict[str, int] = {}  # signature -> scratch bytes, for every signature measured or read in this process
 _FAILED: dict[str, str] = {}  # signature -> why it could not run (counted as no scratch memory)
@@ -84,7 +79,7 @@ def measure_workspaces(nodes: Iterable[fx.Node], cache_dir: str | Path | None = 
         if key not in _BYTES and key not in _FAILED:
             todo.setdefault(key, (node, call))
     jobs = {key: _job(key, node, *call) for key, (node, call) in todo.items()}
-    measured = run_jobs([job for job in jobs.values() if not isinstance(job, str)]) if jobs else {}
+    measured = run_in_child([job for job in jobs.values() if not isinstance(job, str)]) if jobs else {}
     fresh: dict[Path, dict[str, int]] = {}
     failed: list[str] = []
     for key, (node, call) in todo.items():
@@ -93,7 +88,7 @@ def measure_workspaces(nodes: Iterable[fx.Node], cache_dir: str | Path | None = 
             _FAILED[key] = result
             failed.append(f"{key.split('|')[0]} ({node.name}): {result}")
             continue
-        _BYTES[key] = result
+        _BYTES[key] = result = max(0, int(result))
         fresh.setdefault(cache_file(cache_dir, "workspace", _device(node)), {})[key] = result
     if failed:  # kernels whose scratch is unknown, counted as none: say so
         warnings.warn(f"the scratch memory of {len(failed)} library kernel(s) could not be measured and is counted as "
@@ -151,7 +146,6 @@ def _cuda_scratch(call: Callable[[], object], device: torch.device) -> int:
 # device type -> "module:function" measuring a call's scratch memory there (the devices whose
 # memory a budget bounds); run in a child process, by name
 _DEVICES: dict[str, str] = {"cuda": "planner.workspace:_cuda_scratch"}
-CHILD_SECONDS = 120.0  # the most one measuring process may run before it is stopped
 
 
 def _device(node: fx.Node) -> torch.device | None:
@@ -169,53 +163,6 @@ def _job(key: str, node: fx.Node, target: Callable, args: tuple, kwargs: dict) -
     if reason is not None:
         return reason
     device = _device(node)
-    return key, str(target), argument_specs(args), argument_specs(kwargs), str(device), _DEVICES[device.type]
+    return key, str(target), argument_specs(args), argument_specs(kwargs), str(device), _DEVICES[device.type], {}
 
 
-def run_jobs(jobs: list[tuple]) -> dict[str, int | str]:
-    """Measure each job in a child process, so that a library kernel that crashes on random
-    inputs (a segmentation fault) or hangs takes only that process down: its job is reported
-    as failed and a new process goes on with the rest. Returns bytes, or why, per job key."""
-    results: dict[str, int | str] = {}
-    pending = list(jobs)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
-    while pending:
-        proc = subprocess.Popen([sys.executable, "-m", "planner.workspace"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        try:
-            out, _ = proc.communicate(pickle.dumps(pending), timeout=CHILD_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        for line in out.decode(errors="replace").splitlines():
-            try:
-                key, value = json.loads(line)
-            except ValueError:
-                continue
-            results[key] = value if isinstance(value, str) else int(value)
-        pending = [job for job in pending if job[0] not in results]
-        if pending:  # the process died (or ran out of time) on the first job it did not report
-            how = f"exit status {proc.returncode}" if proc.returncode is not None else "no exit"
-            results[pending[0][0]] = f"stopped the measuring process ({how}, or over {CHILD_SECONDS:.0f} s)"
-            pending = pending[1:]
-    return results
-
-
-def _child() -> None:
-    """The measuring process: jobs pickled on stdin, one JSON line per job on stdout."""
-    import importlib
-
-    for key, name, args, kwargs, device, measurer in pickle.loads(sys.stdin.buffer.read()):
-        module, function = measurer.split(":")
-        try:
-            with torch.no_grad():
-                scratch = getattr(importlib.import_module(module), function)(spec_call(op_named(name), args, kwargs),
-                                                                            torch.device(device))
-            value: int | str = max(0, int(scratch))
-        except Exception as err:  # an op that cannot run on random tensors is taken to need no scratch
-            value = f"cannot run on real tensors: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        print(json.dumps([key, value]), flush=True)
-
-
-if __name__ == "__main__":
-    _child()

@@ -293,8 +293,10 @@ def test_measurements_run_on_real_tensors_inside_torch_compiles_fake_mode(monkey
         est.runtime(mm)
         roofline_module.measure_rates.cache_clear()
         roofline_module.measure_rates("cpu")
-    assert est.measured == 1 and len(outputs) == 4  # the product, then the three calibration probes
-    assert not any(isinstance(out, FakeTensor) for out in outputs)
+    # the product is timed in a measuring process (no fake mode there); the three calibration
+    # probes here, on real tensors
+    assert est.measured == 1 and not est.fallbacks and est.seconds[signature(mm)] > 0
+    assert len(outputs) == 3 and not any(isinstance(out, FakeTensor) for out in outputs)
 
 
 def _fake_cuda_nodes():

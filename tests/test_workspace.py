@@ -15,7 +15,7 @@ from planner.build import build_problem
 from planner.emit import emit
 from planner.memory import simulate
 from planner.problem import memory_profile
-from planner.real_ops import argument_specs
+from planner.real_ops import argument_specs, run_in_child
 from tests.models import MODELS
 
 SCRATCH = 3 << 20
@@ -77,11 +77,11 @@ def test_scratch_is_alive_at_its_kernels_step_in_the_simulation_and_the_solvers_
 
 def test_a_kernel_that_crashes_its_measuring_process_is_reported_and_the_rest_measured():
     a, b = torch.randn(4, 8), torch.randn(8, 2)
-    jobs = [(key, name, argument_specs(args), {}, "cpu", "tests.test_workspace:crash_on_batched")
+    jobs = [(key, name, argument_specs(args), {}, "cpu", "tests.test_workspace:crash_on_batched", {})
             for key, name, args in [("first", "aten.mm.default", (a, b)),
                                     ("crashes", "aten.bmm.default", (a[None], b[None])),
                                     ("after", "aten.mm.default", (b.t(), a.t()))]]
-    results = workspace.run_jobs(jobs)
+    results = run_in_child(jobs)
     assert results["first"] == 8 and results["after"] == 8
     assert "stopped the measuring process (exit status 7" in results["crashes"]
 
