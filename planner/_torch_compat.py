@@ -22,6 +22,7 @@ __all__ = [
     "run_with_rng_state",
     "inductor_compile",
     "inductor_layout_opt",
+    "inductor_calls_library",
     "has_custom_partitioner_hook",
     "pytorch_knapsack_solvers",
     "pytorch_partition",
@@ -320,6 +321,18 @@ def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
 
     module = SimpleNamespace(graph=SimpleNamespace(nodes=list(nodes)))
     return bool(GraphLowering.decide_layout_opt(module, is_inference=False))
+
+
+def inductor_calls_library(target: Any) -> bool:
+    """Inductor runs ``target`` as a library call rather than generating its code: it falls back
+    to the ATen kernel (its ``fallbacks``), has no lowering for it, or lowers it to a library
+    convolution (cuDNN). Its other lowerings (``cat``, ``index_put``, ``sort``, matrix products
+    it may lower to templates...) are generated or call libraries that hold no scratch memory
+    of their own (cuBLAS keeps one workspace for the process)."""
+    from torch._inductor import lowering
+
+    convolutions = (torch.ops.aten.convolution.default, torch.ops.aten._convolution.default)
+    return target in lowering.fallbacks or target not in lowering.lowerings or target in convolutions
 
 
 def compiling_frame() -> tuple[int, int] | None:

@@ -50,7 +50,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     needed = set(joint.needed_by_backward)
     n = len(nodes)
     estimator.prepare(nodes)
-    measure_workspaces(node for node in joint.graph.nodes if node.op == "call_function")  # before the schedule
+    measure_workspaces((node for node in joint.graph.nodes if node.op == "call_function"), fuse=fuse)  # before the schedule
     nbytes = np.zeros(n, dtype=np.int64)
     runtime = np.zeros(n, dtype=np.float64)
     save_seconds = np.zeros(n, dtype=np.float64)

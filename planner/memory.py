@@ -359,15 +359,23 @@ def generated(node: fx.Node) -> bool:
     return fusible(node) or torch.Tag.reduction in _tags(node) or _factory(node)
 
 
-def library_kernel(target: object) -> bool:
-    """An ATen op with tensor inputs that inductor runs as a library (extern) kernel rather than
-    generating its code: not pointwise, a cast, a reduction, an indexing op or a prim (prims are
-    lowered by inductor, its own random and pooling prims among them)."""
+def library_kernel(target: object, fuse: bool = True) -> bool:
+    """An ATen op with tensor inputs that runs as a library kernel, which may hold scratch memory
+    while it runs: with ``fuse`` (inductor), one inductor does not generate code for (not
+    pointwise, a cast, a reduction, an indexing op or a prim, which inductor lowers itself, nor
+    another op its lowerings generate: :func:`planner._torch_compat.inductor_calls_library`);
+    without, any op but a pointwise one or a cast (eager runs each ATen kernel as it is)."""
     if not isinstance(target, torch._ops.OpOverload) or target.namespace == "prims":
         return False
     tags = target.tags
-    return not (torch.Tag.pointwise in tags or torch.Tag.reduction in tags or target in _CASTS or target in _CONSTANTS
-                or target in _INDEXING or str(target) in _LOWERED_POINTWISE or str(target) in _RANDOM_PRIMS)
+    if torch.Tag.pointwise in tags or target in _CASTS or target in _CONSTANTS:
+        return False
+    if not fuse:
+        return True
+    from planner._torch_compat import inductor_calls_library
+
+    return not (torch.Tag.reduction in tags or target in _INDEXING or str(target) in _LOWERED_POINTWISE
+                or str(target) in _RANDOM_PRIMS) and inductor_calls_library(target)
 
 
 def fuses_producers(node: fx.Node) -> bool:
@@ -480,7 +488,7 @@ class _Walk:
             if self.fuse and len(made[node]) == 1 and generated(node):  # pointwise ops and casts included
                 self.live -= self._reused(made[node][0], k, last, kept)
             self.live.update(made[node])
-            if scratch := workspace_bytes(node):  # alive while the library kernel runs
+            if scratch := workspace_bytes(node, self.fuse):  # alive while the library kernel runs
                 self.size[(phase, node.name, "workspace")] = scratch
                 self.live.add((phase, node.name, "workspace"))
             if node.op == "call_function":
@@ -595,10 +603,10 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     reuse = np.array([stored_bytes(step, readers(step), fuse, far) if fuse and generated(step) else 0 for step in steps],
                      dtype=np.int64)
     base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse, far)
-    base += np.array([workspace_bytes(step) for step in steps], dtype=np.int64)
+    base += np.array([workspace_bytes(step, fuse) for step in steps], dtype=np.int64)
     base += sum(storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held)
                 if isinstance(nodes[i].meta.get("val"), torch.Tensor))
-    scratch = np.array([workspace_bytes(node) for node in nodes], dtype=np.int64)  # library kernels' (planner.workspace)
+    scratch = np.array([workspace_bytes(node, fuse) for node in nodes], dtype=np.int64)  # library kernels' (planner.workspace)
     fwd_base = scratch.copy()
     copies = layout_copies([*joint.primals, *nodes]) if fuse else {}
     if copies:

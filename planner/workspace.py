@@ -44,10 +44,11 @@ _FAILED: dict[str, str] = {}  # signature -> why it could not run (counted as no
 _LOADED: set[Path] = set()
 
 
-def workspace_bytes(node: fx.Node) -> int:
+def workspace_bytes(node: fx.Node, fuse: bool = True) -> int:
     """The scratch bytes ``node``'s library kernel allocates while it runs, as measured on its
-    device (0 where nothing was measured: generated kernels, CPU graphs, ops not run)."""
-    call = _library_call(node)
+    device (0 where nothing was measured: generated kernels, CPU graphs, ops not run); ``fuse``:
+    compiled by inductor (else run op by op)."""
+    call = _library_call(node, fuse)
     if call is None:
         return 0
     return _BYTES.get(signature(node, *call), 0)
@@ -63,14 +64,16 @@ def failed_workspaces() -> dict[str, str]:
     return dict(_FAILED)
 
 
-def measure_workspaces(nodes: Iterable[fx.Node], cache_dir: str | Path | None = None, cache: bool = True) -> int:
+def measure_workspaces(nodes: Iterable[fx.Node], cache_dir: str | Path | None = None, cache: bool = True,
+                       fuse: bool = True) -> int:
     """Measure the scratch memory of every library kernel among ``nodes`` not known yet (read
     from the disk cache in ``cache_dir``, default :func:`~planner.cache.default_cache_dir`, or
-    run on the device); returns how many were run here."""
+    run on the device); ``fuse``: the graph is compiled by inductor (else run op by op). Returns
+    how many were run here."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     todo: dict[str, tuple[fx.Node, tuple]] = {}
     for node in nodes:
-        call = _library_call(node)
+        call = _library_call(node, fuse)
         if call is None:
             continue
         if cache:
@@ -107,7 +110,7 @@ def _load(path: Path) -> None:
             _BYTES.setdefault(key, value)
 
 
-def _library_call(node: fx.Node) -> tuple[Callable, tuple, dict] | None:
+def _library_call(node: fx.Node, fuse: bool) -> tuple[Callable, tuple, dict] | None:
     """The op, arguments and keyword arguments ``node`` runs as a library kernel on a CUDA
     device (a random op's own, where the node replays or saves its RNG state), or None."""
     if node.op != "call_function" or is_getitem(node) or not isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)):
@@ -125,7 +128,7 @@ def _library_call(node: fx.Node) -> tuple[Callable, tuple, dict] | None:
         return None
     from planner.memory import library_kernel  # the memory model reads this module's figures
 
-    if not library_kernel(target):
+    if not library_kernel(target, fuse):
         return None  # inductor generates its kernel
     return target, tuple(args), dict(kwargs)
 

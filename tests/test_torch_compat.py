@@ -24,6 +24,15 @@ def test_mutated_primals_finds_batchnorm_statistics():
     assert shapes == [(), (), (8,), (8,), (8,), (8,)]
 
 
+def test_inductor_calls_libraries_for_convolutions_and_fallbacks_and_generates_the_rest():
+    aten = torch.ops.aten
+    for op in (aten.convolution.default, aten.convolution_backward.default,
+               aten._scaled_dot_product_efficient_attention_backward.default):
+        assert _torch_compat.inductor_calls_library(op), op
+    for op in (aten.cat.default, aten.index_put.default, aten.sort.default):
+        assert not _torch_compat.inductor_calls_library(op), op
+
+
 def test_inductor_has_the_custom_partitioner_hook():
     assert _torch_compat.has_custom_partitioner_hook()
 
