@@ -50,7 +50,8 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     needed = set(joint.needed_by_backward)
     n = len(nodes)
     estimator.prepare(nodes)
-    measure_workspaces((node for node in joint.graph.nodes if node.op == "call_function"), fuse=fuse)  # before the schedule
+    # library kernels' scratch memory, which the schedule counts
+    measure_workspaces((node for node in joint.graph.nodes if node.op == "call_function"), fuse=fuse)
     nbytes = np.zeros(n, dtype=np.int64)
     runtime = np.zeros(n, dtype=np.float64)
     save_seconds = np.zeros(n, dtype=np.float64)

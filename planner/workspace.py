@@ -8,14 +8,17 @@ No value of the graph accounts for it, yet it is alive at that step's peak. Meas
 73.5 MiB inside cuDNN, T5's attention backward with a position bias two 16 MiB blocks; the
 memory model had been that much under the traced peak at those steps.
 
-Inductor generates pointwise, reduction and indexing kernels itself and runs the other ops as
-library (extern) kernels with the arguments the graph gives them, so each of those ops is run
-once per distinct signature (:func:`planner.real_ops.signature`) on random real tensors of its
+Inductor generates pointwise, reduction and indexing kernels itself, lowers some other ops to
+generated code too (``cat``, ``index_put``, ``sort``) or to libraries that keep no scratch of
+their own (cuBLAS products: measured, none on an H100), and calls the rest as library (extern)
+kernels with the arguments the graph gives them: the ops it falls back to, and convolutions
+(:func:`planner.memory.library_kernel`; run op by op, every op but a pointwise one). Each of
+those is run once per distinct signature (:func:`planner.real_ops.signature`) on random real tensors of its
 arguments' metadata, after a first run that makes the library's lasting allocations (cuBLAS's
 workspace, lazy initialisation): its scratch memory is the peak allocated during the second run
 less what is allocated after it (its outputs held). The ops run in a child process
-(:func:`planner.real_ops.run_in_child`): the program's RNG streams and peak-memory statistics are untouched, and a
-kernel that crashes on random inputs (T5's attention backward with dropout did, on an H100) is
+(:func:`planner.real_ops.run_in_child`): the program's RNG streams and peak-memory statistics
+are untouched, and a kernel that crashes on random inputs (T5's attention backward with dropout did, on an H100) is
 reported as not measured, counted as needing no scratch (:func:`failed_workspaces`), rather than
 taking the program down. Results are cached on disk per torch version and device name, as
 profiled times are, so a graph's ops run once per machine.
@@ -34,7 +37,7 @@ import torch.fx as fx
 
 from planner import _torch_compat
 from planner.cache import default_cache_dir
-from planner.ops import aliased_input, first_tensor, is_getitem, side_effect, written_input
+from planner.ops import aliased_input, is_getitem, side_effect, written_input
 from planner.real_ops import argument_specs, cache_file, merge_into_cache, read_cache, run_in_child, signature, unrunnable
 
 __all__ = ["measure_workspaces", "workspace_bytes", "measured_workspaces", "failed_workspaces"]
