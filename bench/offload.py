@@ -1,14 +1,20 @@
 """Offloading on the GPU: plans that save and recompute only, against the same plans with the
 saved values the host link can carry offloaded (:func:`planner.offload.offloaded_decision`).
 
-The GPT of ``bench/gpu_step.py`` (bf16) in one process: the link measured first (pinned copies
-each way), then per budget the planner's plan, and that plan with every saved value offloaded
-that lowers its memory without the placed copies outrunning the estimated compute. Peak
-activation memory and step time as ``bench/zoo.py`` measures them, timed again interleaved at
-the end; the predicted peak (the schedule's, with the transfers) and the simulated one beside
-the measured.
+The GPT of ``bench/gpu_step.py`` or the Llama-style model of ``bench/llama.py`` (16 layers by
+default; bf16) in one process: the link measured first (pinned copies each way), then per
+budget the planner's plan, and that plan with every saved value offloaded that lowers its memory
+without the placed copies outrunning the estimated compute. Then the anchors, offloading what
+they can: ``torch.compile`` with PyTorch's partitioner offloading every forward value it can
+(``enable_activation_offloading`` on a separate stream, with its wait sinking and, where the
+torch has it, its reload prefetching; every node marked ``should_offload``), and stock
+``torch.compile`` with every saved activation offloaded through ``saved_tensors_hooks`` on a side
+stream (:class:`OffloadAll`, torchtune's ``OffloadActivations`` in outline). An anchor that
+fails says why in its row. Peak activation memory and step time as ``bench/zoo.py`` measures
+them, timed again interleaved at the end; the predicted peak (the schedule's, with the
+transfers) and the simulated one beside the measured.
 
-    python -m bench.offload [--layers 8] [--budgets 1.0 0.5 0.0] [--rounds 3]
+    python -m bench.offload [--model gpt|llama] [--layers N] [--budgets 1.0 0.5 0.0] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ import dataclasses
 import time
 from pathlib import Path
 
+import torch
+
 from bench import save_rows
 
 RESULTS = Path(__file__).parent / "results"
@@ -25,8 +33,6 @@ GIB = 2**30
 
 
 def main(argv: list[str] | None = None) -> None:
-    import torch
-
     import planner
     from bench.gpu_step import measure, retime
     from estimators import get_estimator
@@ -36,7 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     from planner.offload import measure_link, offloaded_decision, op_seconds
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--model", choices=["gpt", "llama"], default="gpt")
+    parser.add_argument("--layers", type=int, default=None, help="default: 8 (gpt), 16 (llama)")
+    parser.add_argument("--anchors", nargs="*", choices=list(ANCHORS), default=list(ANCHORS))
     parser.add_argument("--budgets", type=float, nargs="+", default=[1.0, 0.5, 0.0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
@@ -44,12 +52,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "offload.json")
     args = parser.parse_args(argv)
 
-    cfg = GPTConfig(n_layer=args.layers, d_model=1024, n_head=16, seq_len=2048, vocab=8192, dropout=0.0, batch=8)
-    base, batch = gpt_example(cfg, device="cuda")
-    base = base.to(torch.bfloat16)
+    if args.model == "gpt":
+        cfg = GPTConfig(n_layer=args.layers or 8, d_model=1024, n_head=16, seq_len=2048, vocab=8192, dropout=0.0, batch=8)
+        base, batch = gpt_example(cfg, device="cuda")
+        base = base.to(torch.bfloat16)
+    else:
+        from bench.llama import LlamaConfig, llama_example
+
+        cfg = LlamaConfig(n_layer=args.layers or 16, d_model=2048, n_head=16, n_kv_head=8, d_ff=5632, seq_len=2048,
+                          vocab=32000, batch=2)
+        base, batch = llama_example(cfg, device="cuda", dtype=torch.bfloat16)
     link = measure_link("cuda")
     bandwidth = min(link.values())
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; GPT {cfg}")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.model} {cfg}")
     print(f"link: device to host {link['device_to_host'] / 1e9:.1f} GB/s, host to device "
           f"{link['host_to_device'] / 1e9:.1f} GB/s", flush=True)
     joint = planner.capture(base, batch, codegen="inductor")
@@ -84,12 +99,30 @@ def main(argv: list[str] | None = None) -> None:
         record({"method": "planner + offload", "budget": budget, "offloaded": note["offloaded"],
                 "offloaded_bytes": note["offloaded_bytes"], "predicted_peak_bytes": offloaded.peak_bytes,
                 "choose_seconds": seconds}, dataclasses.replace(plan.graph_plan, decision=offloaded), plan.config)
+    failed = []
+    for name in args.anchors:
+        model = copy.deepcopy(base)
+        row = {"method": name, "budget": "-", "offloaded": "-", "offloaded_bytes": 0, "predicted_peak_bytes": 0,
+               "simulated_peak_bytes": 0}
+        try:
+            run = ANCHORS[name](model)
+            row.update(measure(run, list(model.parameters()), batch, args.steps))
+        except Exception as err:  # an anchor this torch cannot run is reported, not fatal
+            row["failed"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            print(f"| {name} | failed: {row['failed']} |", flush=True)
+            failed.append(row)
+            continue
+        kept.append((run, list(model.parameters())))
+        rows.append(row)
+        save_rows(args.out, device, torch.__version__, rows)
+        print(_line(row), flush=True)
     for row, ms in zip(rows, retime(kept, batch, args.rounds, args.steps)):
         row["step_ms_alone"], row["step_ms"] = row["step_ms"], ms
+    rows += failed
     rows.append({"method": "link", **{f"{k}_bytes_per_second": v for k, v in link.items()}})
     save_rows(args.out, device, torch.__version__, rows)
     print("\ntimed again, interleaved:\n" + _HEADER)
-    print("\n".join(_line(r) for r in rows if r["method"] != "link"))
+    print("\n".join(_line(r) for r in rows if r["method"] != "link" and "failed" not in r))
 
 
 _HEADER = ("| method | budget | offloaded (MiB) | peak activation GiB | predicted | simulated | step ms |\n"
@@ -97,9 +130,98 @@ _HEADER = ("| method | budget | offloaded (MiB) | peak activation GiB | predicte
 
 
 def _line(row: dict) -> str:
+    planned = [f"{row[k] / GIB:.3f}" if row[k] else "-" for k in ("predicted_peak_bytes", "simulated_peak_bytes")]
     return (f"| {row['method']} | {row['budget']} | {row['offloaded']} ({row['offloaded_bytes'] / 2**20:.0f}) | "
-            f"{row['peak_activation_bytes'] / GIB:.3f} | {row['predicted_peak_bytes'] / GIB:.3f} | "
-            f"{row['simulated_peak_bytes'] / GIB:.3f} | {row['step_ms']:.2f} |")
+            f"{row['peak_activation_bytes'] / GIB:.3f} | {planned[0]} | {planned[1]} | {row['step_ms']:.2f} |")
+
+
+class OffloadAll:
+    """Every saved activation of at least ``min_bytes`` copied to host memory during the forward
+    and back on its first use in the backward, through ``torch.autograd.graph.saved_tensors_hooks``
+    (torchtune's ``OffloadActivations`` in outline). On CUDA the host copy is pinned and made on a
+    side stream (``stream``), which the backward's copy back waits for; parameters (storages of
+    ``params``) stay where they are. On a CPU the "host copy" is a clone, so the hooks can be
+    tested there. ``packed`` and ``unpacked`` count the copies made each way."""
+
+    def __init__(self, params=(), min_bytes: int = 1 << 20, stream: bool = True) -> None:
+        self.keep = {p.untyped_storage().data_ptr() for p in params}
+        self.min_bytes = min_bytes
+        self.stream = torch.cuda.Stream() if stream and torch.cuda.is_available() else None
+        self.packed = self.unpacked = 0
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.hooks.__exit__(*exc)
+
+    def _pack(self, t: torch.Tensor):
+        if t.numel() * t.element_size() < self.min_bytes or t.untyped_storage().data_ptr() in self.keep:
+            return t
+        self.packed += 1
+        if t.device.type != "cuda":
+            return t.clone(), t.device, None
+        host = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
+        event = None
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                host.copy_(t, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            t.record_stream(self.stream)  # the allocator keeps t's block until the copy is done
+        else:
+            host.copy_(t, non_blocking=True)
+        return host, t.device, event
+
+    def _unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        self.unpacked += 1
+        host, device, event = packed
+        if event is not None:
+            torch.cuda.current_stream().wait_event(event)
+        return host.to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+def _offload_hooks(model, min_bytes: int = 1 << 20):
+    """Stock torch.compile, every saved activation offloaded by :class:`OffloadAll` (``run.hooks``)."""
+    compiled = torch.compile(model)
+    hooks = OffloadAll(list(model.parameters()), min_bytes=min_bytes)
+
+    def run(*batch):
+        with hooks:
+            return compiled(*batch)
+
+    run.hooks = hooks
+    return run
+
+
+def _pytorch_offload(model):
+    """torch.compile with PyTorch's partitioner offloading every forward value it can."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    def mark(graph) -> None:
+        for node in graph.nodes:
+            node.meta["should_offload"] = True
+
+    options = {"enable_activation_offloading": True, "activation_offload_separate_stream": True,
+               "activation_offload_sink_wait": True}
+    if hasattr(functorch_config, "activation_reload_prefetch"):  # torch 2.13
+        options["activation_reload_prefetch"] = True
+    compiled = torch.compile(model)
+
+    def run(*batch):
+        with functorch_config.patch(**options), inductor_config.patch(joint_custom_post_pass=mark):
+            return compiled(*batch)
+
+    return run
+
+
+ANCHORS = {"torch.compile offload": _pytorch_offload, "saved_tensors_hooks offload": _offload_hooks}
 
 
 if __name__ == "__main__":
