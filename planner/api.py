@@ -24,6 +24,7 @@ from planner.plan_file import PlanFile, read_plan_file, write_plan_file
 from planner.schedule import REST_OF_STEP
 from planner.problem import evaluate_names
 from planner.units import format_bytes
+from planner.workspace import scratch_summary
 
 __all__ = ["plan", "Plan", "Prediction"]
 
@@ -58,9 +59,10 @@ class Plan:
     like the model. The model is compiled on its first call, with no solving at that point.
     """
 
-    def __init__(self, model: nn.Module, graph_plan: GraphPlan, config: PlannerConfig) -> None:
+    def __init__(self, model: nn.Module, graph_plan: GraphPlan, config: PlannerConfig, scratch: str | None = None) -> None:
         self.config = config
         self.graph_plan = graph_plan
+        self.scratch = scratch  # the library kernels' scratch memory, in words (planner.workspace.scratch_summary)
         self.backend = PlannerBackend(config, fixed=graph_plan)
         self.module = torch.compile(own_frame(model), backend=self.backend, fullgraph=True, dynamic=False)
 
@@ -131,6 +133,8 @@ class Plan:
             ("plan time", f"{self.graph_plan.plan_seconds * 1e3:.0f} ms (solver {d.solve_seconds * 1e3:.0f} ms)"),
             ("graph", f"{len(self.graph_plan.problem)} forward nodes, fingerprint {self.graph_plan.fingerprint}"),
         ]
+        if self.scratch:
+            rows.insert(4, ("library scratch", self.scratch))
         schedule = self.graph_plan.problem.schedule
         if schedule.step_names[:1] == (REST_OF_STEP,):
             rows.insert(4, ("rest of the step", f"{format_bytes(int(schedule.base[0]))} besides the saved values, between "
@@ -193,8 +197,10 @@ def plan(
                 f"plan file {plan_file} was solved with {stored.settings}, not {plan_settings(config)}; "
                 f"use those settings or delete it to plan again"
             )
-        return Plan(model, replay_graph(joint, config, stored.decision), config)
-    result = Plan(model, solve_graph(joint, config), config)
+        graph_plan = replay_graph(joint, config, stored.decision)
+        return Plan(model, graph_plan, config, scratch_summary(joint.graph.nodes, config.codegen == "inductor"))
+    graph_plan = solve_graph(joint, config)
+    result = Plan(model, graph_plan, config, scratch_summary(joint.graph.nodes, config.codegen == "inductor"))
     if plan_file is not None and world()[0] == 0:
         result.save(plan_file)
     return result

@@ -39,8 +39,9 @@ from planner import _torch_compat
 from planner.cache import default_cache_dir
 from planner.ops import aliased_input, is_getitem, side_effect, written_input
 from planner.real_ops import argument_specs, cache_file, merge_into_cache, read_cache, run_in_child, signature, unrunnable
+from planner.units import format_bytes
 
-__all__ = ["measure_workspaces", "workspace_bytes", "measured_workspaces", "failed_workspaces"]
+__all__ = ["measure_workspaces", "workspace_bytes", "measured_workspaces", "failed_workspaces", "scratch_summary"]
 
 _BYTES: dict[str, int] = {}  # signature -> scratch bytes, for every signature measured or read in this process
 _FAILED: dict[str, str] = {}  # signature -> why it could not run (counted as no scratch memory)
@@ -65,6 +66,29 @@ def measured_workspaces() -> dict[str, int]:
 def failed_workspaces() -> dict[str, str]:
     """Signatures that could not be measured in this process (counted as no scratch), and why."""
     return dict(_FAILED)
+
+
+def scratch_summary(nodes: Iterable[fx.Node], fuse: bool = True) -> str | None:
+    """What the memory model counts of the library kernels among ``nodes`` (measured ones with
+    scratch, the largest, those that could not be measured), in words; None where none runs on
+    a device whose scratch is measured (a CPU graph)."""
+    kernels = {}
+    for node in nodes:
+        call = _library_call(node, fuse)
+        if call is not None:
+            kernels[signature(node, *call)] = node
+    if not kernels:
+        return None
+    sizes = {key: _BYTES.get(key, 0) for key in kernels}
+    with_scratch = {key: size for key, size in sizes.items() if size}
+    failed = [key for key in kernels if key in _FAILED]
+    text = f"{len(kernels)} library kernels, {len(with_scratch)} with scratch memory"
+    if with_scratch:
+        key = max(with_scratch, key=with_scratch.__getitem__)
+        text += f" (largest {format_bytes(with_scratch[key])}, {key.split('|')[0]} at {kernels[key].name})"
+    if failed:
+        text += f"; {len(failed)} not measured, counted as none ({', '.join(sorted({k.split('|')[0] for k in failed}))})"
+    return text
 
 
 def measure_workspaces(nodes: Iterable[fx.Node], cache_dir: str | Path | None = None, cache: bool = True,

@@ -120,3 +120,13 @@ def test_a_kernel_that_cannot_be_measured_is_named_in_a_warning_and_counted_as_n
     assert workspace.workspace_bytes(nodes["aten.bmm.default"], fuse=False) == 0
     (failed,) = workspace.failed_workspaces()
     assert failed.startswith("aten.bmm.default|")
+
+
+def test_a_plans_summary_says_what_scratch_memory_it_counted(fresh):
+    model, inputs = MODELS["cnn"]()
+    config = planner.PlannerConfig(memory_budget=1.0, time_limit=5)
+    assert "library scratch" not in planner.plan(model, inputs, config=config).summary()  # a CPU graph: none
+    fresh.setattr(workspace, "_DEVICES", {"cpu": "tests.test_workspace:three_mib"})
+    summary = planner.plan(model, inputs, config=config).summary()
+    line = next(line for line in summary.splitlines() if line.startswith("library scratch"))
+    assert "with scratch memory (largest 3.00 MiB, aten.convolution" in line, line
