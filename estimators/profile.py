@@ -16,8 +16,8 @@ Integer inputs are zeros (a valid index for any embedding, gather or loss), floa
 standard normal. The ops run in a child process (:func:`planner.real_ops.run_in_child`), so one
 that crashes on such inputs (T5's efficient-attention backward with dropout did, on an H100) is
 priced by the roofline and reported instead of taking the program down; an op registered only in
-this process (a custom op) is run here. Ops that cannot run on real tensors (custom ops with only a fake
-implementation, symbolic shapes, ops that are not ATen operators) are priced by the roofline
+this process (a custom op) is run here. Ops that cannot run on real tensors (custom ops with only
+a fake implementation, symbolic shapes, ops that are not ATen operators) are priced by the roofline
 estimator instead and listed in :attr:`ProfileEstimator.fallbacks`.
 """
 from __future__ import annotations
@@ -36,8 +36,8 @@ from planner import _torch_compat
 from planner.cache import default_cache_dir
 from planner.memory import generated
 from planner.ops import aliased_input, first_tensor, is_getitem
-from planner.real_ops import (UNKNOWN_OP, argument_specs, cache_file, merge_into_cache, read_cache, real_call, run_in_child,
-                              signature, unrunnable)
+from planner.real_ops import (UNKNOWN_OP, cache_file, cannot_run, measurement_job, merge_into_cache, read_cache, real_call,
+                              run_in_child, signature, unrunnable)
 
 __all__ = ["ProfileEstimator", "signature", "default_cache_dir"]
 
@@ -92,9 +92,8 @@ class ProfileEstimator(Estimator):
             if reason is not None:
                 self.fallbacks[key] = reason
                 continue
-            device = first_tensor(node.meta["val"]).device
-            jobs.append((key, str(node.target), argument_specs(node.args), argument_specs(node.kwargs), str(device),
-                         "estimators.profile:median_seconds", {"repeats": self.repeats, "warmup": self.warmup}))
+            jobs.append(measurement_job(key, node.target, node.args, node.kwargs, first_tensor(node.meta["val"]).device,
+                                        "estimators.profile:median_seconds", repeats=self.repeats, warmup=self.warmup))
         with tqdm(total=len(jobs), desc="profiling ops", disable=not self.progress or not jobs, leave=False) as bar:
             results = run_in_child(jobs, lambda key: bar.update()) if jobs else {}
         fresh = {}
@@ -165,7 +164,7 @@ class ProfileEstimator(Estimator):
         try:
             return _time_op(node, self.repeats, self.warmup)
         except Exception as err:  # any failure to run it on real tensors prices it by roofline
-            return f"cannot run on real tensors: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            return cannot_run(err)
 
 
 def _priced(node: fx.Node) -> bool:

@@ -197,11 +197,11 @@ def plan(
                 f"plan file {plan_file} was solved with {stored.settings}, not {plan_settings(config)}; "
                 f"use those settings or delete it to plan again"
             )
-        graph_plan = replay_graph(joint, config, stored.decision)
-        return Plan(model, graph_plan, config, scratch_summary(joint.graph.nodes, config.codegen == "inductor"))
-    graph_plan = solve_graph(joint, config)
+        graph_plan, solved = replay_graph(joint, config, stored.decision), False
+    else:
+        graph_plan, solved = solve_graph(joint, config), True
     result = Plan(model, graph_plan, config, scratch_summary(joint.graph.nodes, config.codegen == "inductor"))
-    if plan_file is not None and world()[0] == 0:
+    if solved and plan_file is not None and world()[0] == 0:
         result.save(plan_file)
     return result
 

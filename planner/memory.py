@@ -342,8 +342,12 @@ def _tags(node: fx.Node) -> list:
 def fusible(node: fx.Node) -> bool:
     """A pointwise op, a cast, or a constant factory (``iota``, ``full``, ``scalar_tensor``...):
     inductor generates its code inside fused kernels (a constant reads no memory there)."""
-    return (torch.Tag.pointwise in _tags(node) or node.target in _CASTS or node.target in _CONSTANTS
-            or str(node.target) in _LOWERED_POINTWISE)
+    return _fusible_target(node.target)
+
+
+def _fusible_target(target: object) -> bool:
+    tags = target.tags if isinstance(target, torch._ops.OpOverload) else []
+    return torch.Tag.pointwise in tags or target in _CASTS or target in _CONSTANTS or str(target) in _LOWERED_POINTWISE
 
 
 def constant_inlined(node: fx.Node) -> bool:
@@ -362,20 +366,17 @@ def generated(node: fx.Node) -> bool:
 def library_kernel(target: object, fuse: bool = True) -> bool:
     """An ATen op with tensor inputs that runs as a library kernel, which may hold scratch memory
     while it runs: with ``fuse`` (inductor), one inductor does not generate code for (not
-    pointwise, a cast, a reduction, an indexing op or a prim, which inductor lowers itself, nor
-    another op its lowerings generate: :func:`planner._torch_compat.inductor_calls_library`);
-    without, any op but a pointwise one or a cast (eager runs each ATen kernel as it is)."""
-    if not isinstance(target, torch._ops.OpOverload) or target.namespace == "prims":
-        return False
-    tags = target.tags
-    if torch.Tag.pointwise in tags or target in _CASTS or target in _CONSTANTS:
+    :func:`fusible`, a reduction, an indexing op or a prim, which inductor lowers itself, its
+    random and pooling prims among them, nor another op its lowerings generate:
+    :func:`planner._torch_compat.inductor_calls_library`); without, any op but a pointwise one or
+    a cast (eager runs each ATen kernel as it is)."""
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace == "prims" or _fusible_target(target):
         return False
     if not fuse:
         return True
     from planner._torch_compat import inductor_calls_library
 
-    return not (torch.Tag.reduction in tags or target in _INDEXING or str(target) in _LOWERED_POINTWISE
-                or str(target) in _RANDOM_PRIMS) and inductor_calls_library(target)
+    return torch.Tag.reduction not in target.tags and target not in _INDEXING and inductor_calls_library(target)
 
 
 def fuses_producers(node: fx.Node) -> bool:

@@ -32,7 +32,7 @@ from planner.cache import write_json
 from planner.ops import device_name
 
 __all__ = ["signature", "unrunnable", "real_call", "TensorSpec", "argument_specs", "op_named", "spec_call", "cache_file",
-           "read_cache", "merge_into_cache", "run_in_child"]
+           "read_cache", "merge_into_cache", "measurement_job", "cannot_run", "run_in_child"]
 
 
 def _describe(value: object) -> str:
@@ -165,13 +165,26 @@ CHILD_SECONDS = 120.0  # the most one measuring process may run before it is sto
 UNKNOWN_OP = "unknown operator"  # a job's op is not registered in the measuring process
 
 
+def measurement_job(key: str, target: object, args: tuple, kwargs: dict, device: torch.device, measurer: str,
+                    **options: object) -> tuple:
+    """A job for :func:`run_in_child`: ``measurer`` (``"module:function"``) called on a call of
+    ``target`` with random tensors of the metadata of ``args`` and ``kwargs`` (nodes among them),
+    the device, and ``options``."""
+    return key, str(target), argument_specs(args), argument_specs(kwargs), str(device), measurer, options
+
+
+def cannot_run(err: Exception) -> str:
+    """Why an op could not run on random real tensors, in one line."""
+    return f"cannot run on real tensors: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
 def run_in_child(jobs: list[tuple], on_result: Callable[[str], None] | None = None) -> dict[str, float | str]:
     """Run measurements in a child process, so that a kernel that crashes on random inputs (a
     segmentation fault) or hangs takes only that process down: its job is reported as failed
     and a new process goes on with the rest.
 
     A job is ``(key, op name, argument specs, keyword argument specs, device, measurer,
-    options)``: the op (:func:`op_named`) is called on random tensors made of the specs
+    options)`` (:func:`measurement_job`): the op (:func:`op_named`) is called on random tensors made of the specs
     (:func:`spec_call`) and ``measurer`` (``"module:function"``) is called with the call, the
     device and ``options``, returning a number. Returns the number, or why there is none, per
     key; ``on_result`` is called with each key as its result comes (a progress bar's update)."""
@@ -225,7 +238,7 @@ def _child() -> None:
                 value: float | str = float(getattr(importlib.import_module(module), function)(
                     spec_call(op, args, kwargs), torch.device(device), **options))
         except Exception as err:  # an op that cannot run on random tensors is reported, not raised
-            value = f"cannot run on real tensors: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            value = cannot_run(err)
         print(json.dumps([key, value]), flush=True)
 
 

@@ -38,7 +38,8 @@ import torch.fx as fx
 from planner import _torch_compat
 from planner.cache import default_cache_dir
 from planner.ops import aliased_input, is_getitem, side_effect, written_input
-from planner.real_ops import argument_specs, cache_file, merge_into_cache, read_cache, run_in_child, signature, unrunnable
+from planner.real_ops import (cache_file, measurement_job, merge_into_cache, read_cache, run_in_child, signature,
+                              unrunnable)
 from planner.units import format_bytes
 
 __all__ = ["measure_workspaces", "workspace_bytes", "measured_workspaces", "failed_workspaces", "scratch_summary"]
@@ -193,6 +194,6 @@ def _job(key: str, node: fx.Node, target: Callable, args: tuple, kwargs: dict) -
     if reason is not None:
         return reason
     device = _device(node)
-    return key, str(target), argument_specs(args), argument_specs(kwargs), str(device), _DEVICES[device.type], {}
+    return measurement_job(key, target, args, kwargs, device, _DEVICES[device.type])
 
 
