@@ -335,6 +335,22 @@ def inductor_calls_library(target: Any) -> bool:
     return target in lowering.fallbacks or target not in lowering.lowerings or target in convolutions
 
 
+def inductor_fixes_layout(target: Any) -> bool:
+    """Inductor lowers ``target`` with a layout constraint on its tensor inputs (its lowering
+    table's, or a layout tag on the op): the op's ``require_stride_order`` lays out each input
+    as the kernel needs it, copying an input inductor has not stored yet (fused attention's mask
+    and operands, an RNN's weights)."""
+    from torch._inductor import lowering
+
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    find = getattr(lowering, "maybe_layout_constraints", None)  # reads the table and the op's tags
+    if find is not None:
+        return find(target) is not None
+    table = getattr(lowering, "layout_constraints", getattr(lowering, "_maybe_layout_constraints", {}))
+    return target in table
+
+
 def compiling_frame() -> tuple[int, int] | None:
     """The ids dynamo gives the code frame whose graph is being compiled (the same for every
     recompile of that frame, a new one for each frame a graph break resumes in) and this compile

@@ -162,9 +162,9 @@ def kernel_steps(order: list[fx.Node], fuse: bool, far: Collection[fx.Node] = ()
                 continue
             if _inlined(node, reading, far):
                 steps[node] = max(steps[r] for r in reading)
-            elif (fusible(node) and not all(fuses_producers(r) for r in reading)
+            elif (fusible(node) and not all(_leaves_unstored(r) for r in reading)
                   and len(_leaf_reads(node, depth=8)) <= REALIZE_READS):
-                lowered_first = takewhile(fuses_producers, sorted(reading, key=where.__getitem__))
+                lowered_first = takewhile(_leaves_unstored, sorted(reading, key=where.__getitem__))
                 steps[node] = max([steps[node], *(steps[r] for r in lowered_first)])
     return steps
 
@@ -176,9 +176,62 @@ def _inlined(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = (
     is in ``far``."""
     if accumulated_product(node, reading) or (node not in far and epilogue_reduction(node, reading)):
         return True
-    if not (fusible(node) and reading and all(fuses_producers(r) for r in reading)):
+    if not (fusible(node) and reading and all(_leaves_unstored(r) for r in reading)):
         return False
-    return len(reading) == 1 or len(_leaf_reads(node, depth=8)) <= REALIZE_READS
+    leaves = len(_leaf_reads(node, depth=8))
+    if leaves > 1 and any(copies_inputs(r) for r in reading):
+        return False  # stored for the library kernel reading it (inductor's realize_hint)
+    return len(reading) == 1 or leaves <= REALIZE_READS
+
+
+def _leaves_unstored(reader: fx.Node) -> bool:
+    """Lowering ``reader`` does not store a pointwise value it reads: it computes the value in
+    its own kernel (:func:`fuses_producers`), or into a copy of its own (:func:`copies_inputs`)."""
+    return fuses_producers(reader) or copies_inputs(reader)
+
+
+def copies_inputs(node: fx.Node) -> bool:
+    """Inductor lays out ``node``'s tensor inputs as its kernel needs them, and computes an input
+    it has not stored yet (a pointwise value) into a copy made for ``node`` alone, alive while
+    ``node`` runs (its ``require_stride_order``): a library kernel with a layout constraint
+    (:func:`planner._torch_compat.inductor_fixes_layout`: fused attention, an RNN), or an RNG
+    wrapper, whose arguments the emitter lays out as traced (:func:`planner.emit._as_traced`).
+
+    A convolution is left out: inductor lays out a convolution's input when the input's producer
+    is lowered, once for all its readers. On an H100, T5's attention bias (64 MiB, read by a
+    recomputed attention and by its backward) was computed into a copy for each, made just
+    before it and freed after it, not stored from the first to the second (the layer's FFN
+    backward runs between them): 64 MiB over the measured peak at budget 0."""
+    if node.op != "call_function":
+        return False
+    if str(node.target) in _RNG_WRAPPERS:
+        return True
+    if node.target in _CONVOLUTIONS or not library_kernel(node.target):
+        return False
+    from planner._torch_compat import inductor_fixes_layout
+
+    return inductor_fixes_layout(node.target)
+
+
+def input_copy_bytes(node: fx.Node, fuse: bool, far: Collection[fx.Node] = (),
+                     within: Collection[fx.Node] | None = None) -> int:
+    """Bytes of the copies :func:`copies_inputs` makes for ``node``: one per input that inductor
+    has not stored (a pointwise value whose readers, other than the graph's output, do not store
+    it; ``within``, where given, the readers that count), laid out dense. A value the graph also
+    returns is stored for the output after its readers are lowered, so they still copy it."""
+    if not fuse or not copies_inputs(node):
+        return 0
+    total, seen = 0, set()
+    for inp in node.all_input_nodes:
+        root = storage_root(inp)
+        val = inp.meta.get("val")
+        if root in seen or root.op != "call_function" or not fusible(root) or not isinstance(val, torch.Tensor):
+            continue
+        reading = [r for r in readers(root) if r.op != "output" and (within is None or r in within)]
+        if _inlined(root, reading, far):
+            seen.add(root)
+            total += val.numel() * val.element_size()
+    return total
 
 
 def epilogue_reduction(node: fx.Node, reading: list[fx.Node]) -> bool:
@@ -405,6 +458,8 @@ _CONSTANTS = (torch.ops.prims.iota.default, torch.ops.aten.scalar_tensor.default
 _LOWERED_POINTWISE = frozenset({"prims._low_memory_max_pool_offsets_to_indices.default"})
 # Scatters too: inductor's scatter kernel loads its index and source through their loaders, so
 # a pointwise producer (max pooling's indices, scattered into by its backward) is computed there.
+_RNG_WRAPPERS = frozenset({"run_with_rng_state", "run_and_save_rng_state"})  # planner._torch_compat's RNG ops
+_CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
 _INDEXING = (torch.ops.aten.gather.default, torch.ops.aten.embedding.default, torch.ops.aten.index.Tensor,
              torch.ops.aten._unsafe_index.Tensor, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter.src,
              torch.ops.aten.scatter.value)
@@ -492,6 +547,9 @@ class _Walk:
             if scratch := workspace_bytes(node, self.fuse):  # alive while the library kernel runs
                 self.size[(phase, node.name, "workspace")] = scratch
                 self.live.add((phase, node.name, "workspace"))
+            if copies := input_copy_bytes(node, self.fuse, self.far):  # made for this kernel alone
+                self.size[(phase, node.name, "input copies")] = copies
+                self.live.add((phase, node.name, "input copies"))
             if node.op == "call_function":
                 alive = sum(self.size[key] for key in self.live)
                 self.steps.append((phase, node.name, alive))
@@ -605,9 +663,14 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
                      dtype=np.int64)
     base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse, far)
     base += np.array([workspace_bytes(step, fuse) for step in steps], dtype=np.int64)
+    # a backward kernel's copies of its unstored inputs; of a forward value, counted whether or
+    # not the plan saves it (saved, it is a stored input of the backward and is not copied)
+    base += np.array([input_copy_bytes(step, fuse, far, within=joint.backward_nodes) for step in steps], dtype=np.int64)
     base += sum(storage_bytes(nodes[i].meta["val"]) for i in np.flatnonzero(held)
                 if isinstance(nodes[i].meta.get("val"), torch.Tensor))
-    scratch = np.array([workspace_bytes(node, fuse) for node in nodes], dtype=np.int64)  # library kernels' (planner.workspace)
+    # library kernels' scratch (planner.workspace) and copies of their unstored inputs
+    scratch = np.array([workspace_bytes(node, fuse) + input_copy_bytes(node, fuse, within=index) for node in nodes],
+                       dtype=np.int64)
     fwd_base = scratch.copy()
     copies = layout_copies([*joint.primals, *nodes]) if fuse else {}
     if copies:

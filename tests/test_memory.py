@@ -484,3 +484,42 @@ def test_the_planner_backend_counts_the_fusions_its_guard_refuses():
     assert_same_step(MODELS["mlp"], run)
     (backend,) = backends
     assert backend.fusions_refused.refused == backend.fusions_refused.refused_across > 0
+
+
+def _masked_attentions(q, b, c):
+    m = torch.where(b > 0, b, c)  # reads b, and c where a second stored input is given
+    return (torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=m),
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=m, scale=0.5))
+
+
+@pytest.mark.parametrize("reads", [1, 2])
+def test_fused_attention_copies_a_mask_inductor_has_not_stored(reads):
+    """Inductor lays out a fused attention's inputs itself and computes a pointwise mask that it
+    has not stored into a copy for each attention, alive while that one runs (T5's position
+    bias on an H100); a mask reading two stored inputs is stored once for both, where it is
+    computed (inductor realizes it for the library kernels reading it). Inductor's generated
+    code has as many mask-sized buffers as the memory model counts."""
+    from torch._inductor.utils import run_and_get_code
+
+    from planner.memory import input_copy_bytes, kernel_steps, readers, stored_bytes
+
+    q, b = torch.randn(2, 4, 64, 32), torch.randn(2, 4, 64, 64)
+    c = b.cos() if reads == 2 else 0.0
+    gm = _traced(lambda q, b: _masked_attentions(q, b, 0.0), q, b) if reads == 1 else _traced(_masked_attentions, q, b, c)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    mask = next(n for n in nodes if n.target is aten.where.self)
+    attentions = readers(mask)
+    size = b.numel() * b.element_size()
+    assert len(attentions) == 2
+    copies = [input_copy_bytes(a, fuse=True) for a in attentions]
+    if reads == 1:
+        assert stored_bytes(mask, attentions, fuse=True) == 0 and copies == [size, size]
+        assert kernel_steps(nodes, fuse=True)[mask] == max(nodes.index(a) for a in attentions)
+    else:
+        assert stored_bytes(mask, attentions, fuse=True) == size and copies == [0, 0]
+    assert input_copy_bytes(attentions[0], fuse=False) == 0
+
+    torch._dynamo.reset()
+    _, (code, *_) = run_and_get_code(torch.compile(_masked_attentions, backend="inductor"), q, b, c)
+    buffers = [line for line in code.splitlines() if "empty_strided" in line and "(2, 4, 64, 64)" in line]
+    assert len(buffers) == (2 if reads == 1 else 1), code
