@@ -23,6 +23,8 @@ __all__ = [
     "inductor_compile",
     "inductor_layout_opt",
     "inductor_calls_library",
+    "inductor_fixes_layout",
+    "storage_weakref",
     "has_custom_partitioner_hook",
     "pytorch_knapsack_solvers",
     "pytorch_partition",
@@ -349,6 +351,13 @@ def inductor_fixes_layout(target: Any) -> bool:
         return find(target) is not None
     table = getattr(lowering, "layout_constraints", getattr(lowering, "_maybe_layout_constraints", {}))
     return target in table
+
+
+def storage_weakref(tensor: torch.Tensor) -> Any:
+    """A weak reference to ``tensor``'s storage: ``expired()`` once no tensor or view uses it."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(tensor.untyped_storage())
 
 
 def compiling_frame() -> tuple[int, int] | None:

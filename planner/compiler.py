@@ -28,7 +28,7 @@ from planner.distributed import agree_on_graph, decide_on_rank0
 from planner.emit import Transfer, emit
 from planner.errors import PlanFileError
 from planner.frames import own_forward, own_frame
-from planner.graph import JointGraph
+from planner.graph import JointGraph, copy_module
 from planner.schedule import REST_OF_STEP
 from planner.memory import Timeline, simulate
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
@@ -394,6 +394,10 @@ class _Part:
     grad_bytes: int | None = None  # gradients its backward leaves in leaf tensors (parameters), from a real run
     seen: bool = False  # planned again for a step seen (or found right as it was)
     plan: GraphPlan | None = None  # the plan its compile for the step seen uses
+    # places of the outputs a run's caller had freed when its backward began (None: not seen yet),
+    # and the emitted modules kept until then to count its memory again (planner.memory.simulate)
+    released: tuple[int, ...] | None = None
+    simulated: tuple | None = None
 
 
 class PlannerBackend:
@@ -475,7 +479,11 @@ class PlannerBackend:
         else:
             transfers = {n: Transfer(*decision.transfers.get(n, (None, None))) for n in decision.offloaded}
             forward, backward = emit(joint, graph_plan.problem, decision.saved, transfers)
-        timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=self.config.codegen == "inductor")
+        fuse = self.config.codegen == "inductor"
+        released = part.released if part is not None and part.released else ()
+        timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=released)
+        if part is not None and part.released is None:  # kept to count again once a step shows what it frees
+            part.simulated = (copy_module(forward), copy_module(backward), joint.num_fwd_outputs, fuse)
         if self._replanning is not None and part is not None and part.index >= 0:  # replaces its earlier plan
             self.graphs[part.index], self.timelines[part.index] = graph_plan, timeline
         else:
@@ -570,6 +578,20 @@ class PlannerBackend:
         self._parts[key] = _Part(gm, repeats=self.repeats)
         compiled = self._compile(gm, example_inputs)
         return _CountedRuns(compiled, self, key)
+
+    def _released(self, key: Any, released: tuple[int, ...], outputs: int) -> None:
+        """The first run of ``key``'s graph began its backward with the outputs at the places
+        ``released`` freed (of its ``outputs``): its memory is counted again without them."""
+        part = self._parts.get(key)
+        if part is None or part.released is not None:
+            return
+        simulated, part.simulated = part.simulated, None
+        part.released = released
+        if released and simulated is not None and outputs == simulated[2] and part.index >= 0:
+            timeline = simulate(*simulated[:2], simulated[2], fuse=simulated[3], released=released)
+            self.timelines[part.index] = timeline
+            if key in self._step:
+                self._step[key] = timeline
 
     def _ran(self, part: Any, waiting: int) -> None:
         """A run of the graph of ``part`` begins its backward while ``waiting`` runs (itself
@@ -686,11 +708,20 @@ class _CountedRuns:
         if nodes and not any(_torch_compat.is_fake(t) for t in tensors):
             token = _Run()
             self.waiting.add(token)
+            # whether the caller still holds each output when the backward begins, seen once
+            watched = part is not None and part.released is None
+            outputs = _outputs(out)
+            storages = [_torch_compat.storage_weakref(t) if isinstance(t, torch.Tensor) else None
+                        for t in outputs] if watched else []
 
-            def begin_backward(grad_outputs, token=token):
+            def begin_backward(grad_outputs, token=token, storages=storages, count=len(outputs)):
                 if token in self.waiting:
                     self.backend._ran(self.part, len(self.waiting))
                     self.waiting.discard(token)
+                    if storages:
+                        freed = tuple(k for k, ref in enumerate(storages) if ref is not None and ref.expired())
+                        self.backend._released(self.part, freed, count)
+                        storages.clear()
 
             for node in nodes.values():
                 node.register_prehook(begin_backward)
@@ -701,9 +732,12 @@ class _Run:
     """One run of a compiled graph waiting for its backward (a weak-referenceable token)."""
 
 
+def _outputs(out: Any) -> list:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
 def _tensors(out: Any) -> list[torch.Tensor]:
-    items = out if isinstance(out, (list, tuple)) else [out]
-    return [t for t in items if isinstance(t, torch.Tensor)]
+    return [t for t in _outputs(out) if isinstance(t, torch.Tensor)]
 
 
 def backend(config: PlannerConfig | None = None, **overrides: Any) -> PlannerBackend:

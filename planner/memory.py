@@ -485,16 +485,23 @@ def layout_copies(nodes: list[fx.Node]) -> dict[fx.Node, int]:
     return copies
 
 
-def simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs: int, fuse: bool = False) -> Timeline:
+def simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs: int, fuse: bool = False,
+             released: Collection[int] = ()) -> Timeline:
     """Walk the emitted modules in execution order and count the bytes alive after each node.
 
     The forward's outputs after the first ``num_fwd_outputs`` are the saved values, passed in
-    order to the backward's non-tangent inputs; they live until their last reader there.
+    order to the backward's non-tangent inputs; they live until their last reader there. The
+    first ``num_fwd_outputs`` go to the caller, who keeps them through the backward, except those
+    at the places ``released``: seen freed by the time the backward began (a graph's output that
+    the next graph of the step consumed, a model's logits the training loop dropped). They are
+    alive at the end of the forward, while later graphs of the step run.
     """
     walk = _Walk(fuse)
     fwd_out = _outputs(forward)
     walk.run(forward, "forward", keep=fwd_out)
-    held = {key for out in fwd_out[:num_fwd_outputs] for key in walk.keys.get(out, ())}
+    to_caller = _outputs(forward, raw=True)[:num_fwd_outputs]  # by place, as the caller gets them
+    kept = [out for k, out in enumerate(to_caller) if k not in released and isinstance(out, fx.Node)]
+    held = {key for out in kept for key in walk.keys.get(out, ())}
     saved_keys = [walk.keys.get(out, ()) for out in fwd_out[num_fwd_outputs:]]
     inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
     carried = dict(zip(inputs, saved_keys))
@@ -504,9 +511,11 @@ def simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs:
     return Timeline(tuple(walk.steps), at_peak)
 
 
-def _outputs(gm: fx.GraphModule) -> list:
+def _outputs(gm: fx.GraphModule, raw: bool = False) -> list:
+    """The module's output nodes (``raw``: every output in place, nodes or not)."""
     out = next(iter(gm.graph.find_nodes(op="output"))).args[0]
-    return [o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, fx.Node)]
+    items = list(out) if isinstance(out, (list, tuple)) else [out]
+    return items if raw else [o for o in items if isinstance(o, fx.Node)]
 
 
 class _Walk:

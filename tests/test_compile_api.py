@@ -219,3 +219,52 @@ def test_the_plan_summary_names_the_rest_of_the_step_only_where_outputs_go_on():
     assert "rest of the step" in handed_on.summary()
     assert handed_on.predicted.peak_bytes >= handed_on.graph_plan.problem.schedule.base[0]
     assert "rest of the step" not in planner.plan(*cnn(), **settings).summary()  # returns its loss
+
+
+class WideHandOff(nn.Module):
+    """A first graph whose wide output goes on to a second graph that makes the loss of it;
+    ``keep`` also returns that output, which the caller then holds through the backward."""
+
+    def __init__(self, keep: bool) -> None:
+        super().__init__()
+        self.keep = keep
+        self.first = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 4096))
+
+    def forward(self, x: torch.Tensor):
+        h = self.first(x)
+        torch._dynamo.graph_break()
+        loss = (h.tanh() * 2).sum()
+        return (loss, h) if self.keep else loss
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_an_output_the_step_frees_before_the_backward_is_not_counted_through_it(keep):
+    # the first graph's output is consumed by the second graph; where the caller drops it, it is
+    # freed before the first graph's backward, which is counted again without it after one step
+    from planner.memory import simulate
+
+    torch.manual_seed(0)
+    model, x = WideHandOff(keep), torch.randn(32, 64)
+    compiled = planner.compile(model, memory_budget=1.0, **EAGER)
+    backend = compiled.planner_backend
+    out = compiled(x)  # compiles both graphs; the backward has not begun
+    loss = out[0] if keep else out
+    first_key = next(iter(backend._step))
+    part = backend._parts[first_key]
+    forward, backward, outputs, fuse = part.simulated
+    before = backend._step[first_key]
+    assert before == simulate(forward, backward, outputs, fuse) and part.released is None
+    loss.backward()
+    after = backend._step[first_key]
+    assert part.simulated is None and backend.timelines[part.index] is after
+    if keep:
+        assert part.released == () and after == before
+        return
+    assert part.released == (0,) and after == simulate(forward, backward, outputs, fuse, released=(0,))
+    wide = 32 * 4096 * 4
+    fwd = [b for phase, _, b in before.steps if phase == "forward"]
+    assert fwd == [b for phase, _, b in after.steps if phase == "forward"]  # alive while the second graph runs
+    assert after.held_after_forward == before.held_after_forward
+    drop = {b0 - b1 for (p, _, b0), (_, _, b1) in zip(before.steps, after.steps) if p == "backward"}
+    assert drop == {wide}  # at every step of its backward
+    assert backend.predicted_step_peak <= max(before.peak, before.held_after_forward + backend.step[1].peak)

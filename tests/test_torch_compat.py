@@ -174,3 +174,25 @@ def test_as_traced_strides_lays_a_tensor_out_with_the_stride_asked_for():
     # inductor lays it out as asked too
     compiled = torch.compile(lambda t: _torch_compat.as_traced_strides()(t + 1, [12, 3, 1]), backend="inductor")
     assert compiled(strided).stride() == (12, 3, 1)
+
+
+def test_inductor_fixes_layout_for_fused_attention_and_not_for_a_matrix_product():
+    from planner._torch_compat import inductor_fixes_layout
+
+    aten = torch.ops.aten
+    assert inductor_fixes_layout(aten._scaled_dot_product_efficient_attention_backward.default)
+    assert inductor_fixes_layout(aten._scaled_dot_product_flash_attention_for_cpu.default)
+    assert not inductor_fixes_layout(aten.mm.default)
+    assert not inductor_fixes_layout(aten.mm)  # a packet, not an overload
+
+
+def test_storage_weakref_expires_when_no_view_holds_the_storage():
+    from planner._torch_compat import storage_weakref
+
+    x = torch.randn(8)
+    ref = storage_weakref(x)
+    view = x[2:]
+    del x
+    assert not ref.expired()  # the view still uses the storage
+    del view
+    assert ref.expired()
