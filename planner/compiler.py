@@ -586,9 +586,17 @@ class PlannerBackend:
         if part is None or part.released is not None:
             return
         simulated, part.simulated = part.simulated, None
-        part.released = released
-        if released and simulated is not None and outputs == simulated[2] and part.index >= 0:
-            timeline = simulate(*simulated[:2], simulated[2], fuse=simulated[3], released=released)
+        # places are the graph's outputs only where the run returned exactly those (no input
+        # mutations or aliases AOTAutograd adds or takes away)
+        part.released = released if simulated is not None and outputs == simulated[2] else ()
+        if part.released and part.index >= 0:
+            try:  # inside the step's backward: a failure here must not stop the training step
+                timeline = simulate(*simulated[:2], simulated[2], fuse=simulated[3], released=released)
+            except Exception as err:  # noqa: BLE001 - reported, and the earlier count kept
+                part.released = ()
+                warnings.warn(f"counting a graph's memory without the outputs its caller freed failed "
+                              f"({type(err).__name__}: {err}); its prediction keeps them", stacklevel=2)
+                return
             self.timelines[part.index] = timeline
             if key in self._step:
                 self._step[key] = timeline
