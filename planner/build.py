@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from estimators.base import Estimator
 from planner.graph import JointGraph
-from planner.memory import build_schedule, constant_inlined
+from planner.memory import build_schedule, constant_inlined, storage_root
 from planner.schedule import with_backward_beside, with_rest_of_step
 from planner.ops import aliased_input, first_tensor, is_getitem, is_random, side_effect, storage_bytes
 from planner.problem import Problem
@@ -95,7 +95,7 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
         save_seconds=save_seconds,
     )
     if repeats == 1 and hands_on(joint):
-        problem = _with_rest_of_step(problem, rest_bytes)
+        problem = _with_rest_of_step(problem, rest_bytes, _released_bytes(joint))
     return problem
 
 
@@ -119,18 +119,29 @@ def hands_on(joint: JointGraph) -> bool:
     )
 
 
-def _with_rest_of_step(problem: Problem, rest_bytes: int | None = None) -> Problem:
+def _with_rest_of_step(problem: Problem, rest_bytes: int | None = None, released: int = 0) -> Problem:
     """``problem`` with the rest of the step between its forward and its backward, needing
     ``rest_bytes``, else the graph's own least peak (see :func:`build_problem`); alive with it
-    are the graph's held outputs and the input copies its backward reads."""
+    are the graph's outputs (``released``: the bytes of those the caller frees before the
+    backward, which the schedule does not hold) and the input copies its backward reads."""
     from solvers.reference import reference_plan
 
     s = problem.schedule
     own = s.owner == np.arange(len(s.owner))
-    held = int(problem.nbytes[own & s.held.astype(bool)].sum())
+    held = int(problem.nbytes[own & s.held.astype(bool)].sum()) + released
     rest = reference_plan(problem).peak_bytes if rest_bytes is None else rest_bytes
     entry = held + int(s.fwd_base[-1] if len(s.fwd_base) else 0) + rest
     return replace(problem, schedule=with_rest_of_step(s, entry))
+
+
+def _released_bytes(joint: JointGraph) -> int:
+    """Bytes of the forward outputs the caller frees before the backward (``joint.released``),
+    each storage once, less any the caller keeps through another output."""
+    outs = joint.fwd_outputs
+    kept = {storage_root(o) for k, o in enumerate(outs) if isinstance(o, fx.Node) and k not in joint.released}
+    freed = {storage_root(o) for k, o in enumerate(outs) if isinstance(o, fx.Node) and k in joint.released} - kept
+    return sum(storage_bytes(r.meta["val"]) for r in freed
+               if r.op != "placeholder" and isinstance(r.meta.get("val"), torch.Tensor))
 
 
 def _never_recompute(node: fx.Node, val: object, mutated: frozenset[fx.Node]) -> str | None:

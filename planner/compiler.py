@@ -458,6 +458,8 @@ class PlannerBackend:
         joint = JointGraph(joint_module, num_fwd_outputs, list(joint_inputs), kwargs)
         key = self._step_key
         part = self._parts.get(key)
+        if part is not None and part.released:
+            joint.released = part.released  # seen on a step: not held through its backward
         if part is not None and part.plan is not None and part.plan.fingerprint == joint.fingerprint:
             graph_plan = part.plan  # planned again for the step seen, on this graph's copy
         elif self.fixed is None:
@@ -631,12 +633,12 @@ class PlannerBackend:
         repeats = self._repeats_of(key)
         old = self.graphs[part.index]
         rest = self.rest_after(key) if repeats == 1 and _has_rest_of_step(old) else None
-        seen = repeats, rest, self.grads_after(key)
-        planned = part.repeats, part.rest_bytes, part.beside_backward
+        seen = repeats, rest, self.grads_after(key), part.released or ()
+        planned = part.repeats, part.rest_bytes, part.beside_backward, joint.released
         if seen == planned:
             return
-        part.repeats, part.rest_bytes, part.beside_backward = seen
-        again = solve_graph(joint, self.config, self._held_before(key), *seen)
+        part.repeats, part.rest_bytes, part.beside_backward, joint.released = seen
+        again = solve_graph(joint, self.config, self._held_before(key), *seen[:3])
         again = replace(again, plan_seconds=old.plan_seconds + again.plan_seconds)
         if set(again.decision.saved) == set(old.decision.saved):
             self.graphs[part.index] = again  # the same modules: nothing to compile
@@ -645,7 +647,7 @@ class PlannerBackend:
         try:
             compiled = self._compile(gm, inputs)
         except Exception as err:  # the first plan keeps running, and the user is told
-            part.repeats, part.rest_bytes, part.beside_backward = planned
+            part.repeats, part.rest_bytes, part.beside_backward, _ = planned
             warnings.warn(f"planning a graph again for the step seen failed to compile ({type(err).__name__}: "
                           f"{err}); it keeps the plan made when it first compiled. Set replan=False to skip this",
                           stacklevel=3)

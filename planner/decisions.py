@@ -49,6 +49,8 @@ def decision_key(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, 
         parts["rest_bytes"] = rest_bytes
     if beside_backward:
         parts["beside_backward"] = beside_backward
+    if joint.released:
+        parts["released"] = list(joint.released)
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 

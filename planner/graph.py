@@ -102,6 +102,9 @@ class JointGraph:
     # moved nodes (else ``module`` is in that order); a copy of a placed graph is given its
     # original's, never edited (given_module copies it)
     given: fx.GraphModule | None = field(default=None, repr=False)
+    # places of the forward outputs the caller frees before the backward begins (seen on a step:
+    # planner.compiler), which the schedule does not keep through the backward
+    released: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         moved = {n for n in self.graph.nodes if n.op != "output" and n not in self.backward_nodes
@@ -126,7 +129,7 @@ class JointGraph:
         its values shared), which outlives what the compile does to the original once it is
         partitioned."""
         return JointGraph(copy_module(self.module), self.num_fwd_outputs, list(self.joint_inputs),
-                          dict(self.partition_kwargs), self.given)
+                          dict(self.partition_kwargs), self.given, self.released)
 
     @cached_property
     def output_node(self) -> fx.Node:

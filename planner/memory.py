@@ -629,7 +629,9 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     nodes = joint.forward_nodes
     index = {node: i for i, node in enumerate(nodes)}
     n = len(nodes)
-    held_roots = {storage_root(o) for o in joint.fwd_outputs if isinstance(o, fx.Node)}
+    out_roots = {storage_root(o) for o in joint.fwd_outputs if isinstance(o, fx.Node)}
+    held_roots = {storage_root(o) for k, o in enumerate(joint.fwd_outputs)  # the caller keeps these
+                  if isinstance(o, fx.Node) and k not in joint.released}
     steps = [node for node in joint.graph.nodes if node in joint.backward_nodes and node.op == "call_function"]
     owner = np.full(n, -1, dtype=np.int64)
     transient = np.zeros(n, dtype=np.int64)
@@ -646,13 +648,14 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         reading = readers(node)
         forward = [r for r in reading if r in index]
         held[i] = node in held_roots
-        transient[i] = stored_bytes(node, forward + ([joint.output_node] if held[i] else []), fuse)
+        out = node in out_roots  # stored for the caller, alive to the forward's end
+        transient[i] = stored_bytes(node, forward + ([joint.output_node] if out else []), fuse)
         in_backward = [r for r in reading if r.op != "output"]
         fused[i] = fuse and isinstance(node.meta.get("val"), torch.Tensor) and _inlined(node, in_backward)
         copy_bytes[i] = 0 if fused[i] else stored_bytes(node, in_backward, fuse=False)
         if is_getitem(node) and node.args[0] in index:
             made_with[i] = index[node.args[0]]
-        fwd_last[i] = n - 1 if held[i] else min(n - 1, max([i] + [fwd_kernel[r] for r in forward]))
+        fwd_last[i] = n - 1 if out else min(n - 1, max([i] + [fwd_kernel[r] for r in forward]))
     first_read = np.full(n, len(steps), dtype=np.int64)
     last_read = np.full(n, -1, dtype=np.int64)
     far = far_epilogues(steps, fuse)

@@ -150,7 +150,11 @@ def test_a_graph_that_hands_its_outputs_on_is_planned_again_for_the_step_it_saw(
     s = problem.schedule
     own = s.owner == __import__("numpy").arange(len(s.owner))
     held = int(problem.nbytes[own & s.held.astype(bool)].sum())
-    assert s.step_names[0] == REST_OF_STEP and s.base[0] == held + int(s.fwd_base[-1]) + second.peak
+    # its output, which the second graph consumes, is freed before its backward: alive through
+    # the rest of the step, not held through the backward
+    assert backend._parts[first_key].released == (0,) and held == 0
+    output = 8 * 64 * 4
+    assert s.step_names[0] == REST_OF_STEP and s.base[0] == output + int(s.fwd_base[-1]) + second.peak
     # planned for what the step needs, the step's predicted peak is no higher than at compile time
     assert predicted[1] == predicted[2] <= predicted[0]
     assert backend._parts[first_key].seen
@@ -268,3 +272,25 @@ def test_an_output_the_step_frees_before_the_backward_is_not_counted_through_it(
     drop = {b0 - b1 for (p, _, b0), (_, _, b1) in zip(before.steps, after.steps) if p == "backward"}
     assert drop == {wide}  # at every step of its backward
     assert backend.predicted_step_peak <= max(before.peak, before.held_after_forward + backend.step[1].peak)
+
+
+def test_a_graph_whose_output_the_step_frees_is_planned_again_without_holding_it():
+    # seen freed on the first step, the output is not held through the first graph's backward
+    # in its schedule either: the graph is planned again for that, and trains like eager
+    from tests.training import step
+
+    torch.manual_seed(0)
+    model, x = WideHandOff(keep=False), torch.randn(32, 64)
+    twin = __import__("copy").deepcopy(model)
+    compiled = planner.compile(twin, memory_budget=0.0, codegen="eager", solver="cpsat", time_limit=5)
+    backend = compiled.planner_backend
+    held = []
+    for _ in range(3):
+        expected, got = step(model, (x,), model), step(compiled, (x,), twin)
+        torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=0)
+        for name, grad in expected[1].items():
+            torch.testing.assert_close(got[1][name], grad, atol=1e-5, rtol=0, msg=name)
+        held.append(bool(backend.graphs[0].problem.schedule.held.any()))
+    assert held == [True, False, False]  # planned at compile time holding it, then for the step seen
+    first_key = next(iter(backend._step))
+    assert backend._parts[first_key].released == (0,)
