@@ -8,7 +8,8 @@ Both follow the same rules, read from node metadata:
   for that copy (its last reader); its copy back is allocated when the backward starts it;
 * a storage is freed right after its last reader (inductor and fx code both drop references
   at last use); inputs and parameters are held before the step and never counted;
-* forward outputs the caller keeps, and the gradients the backward returns, live to the end;
+* forward outputs the caller keeps, and the gradients the backward returns, live to the end
+  (outputs seen freed by the time the backward began, ``released``, only to the forward's end);
 * with ``fuse=True`` (inductor), a pointwise value (a cast, a constant such as ``iota`` or
   ``full``) read only by pointwise ops, reductions and indexing ops (:func:`fuses_producers`)
   is computed inside their kernel and never stored (so is a reduction read by one pointwise op,
@@ -25,6 +26,9 @@ Both follow the same rules, read from node metadata:
   schedule counts it at the steps of the forward's and the backward's own kernels, and a
   recomputed copy's at the step the copy is made for (a recomputed convolution's workspace:
   0.1-294 MiB on ResNet-50 at batch 128 on an H100);
+* with ``fuse=True``, a library kernel whose inputs inductor lays out itself (fused attention:
+  :func:`copies_inputs`) computes a pointwise input not stored yet into a copy of its own, alive
+  at its step only (:func:`input_copy_bytes`); the value itself is then never stored;
 * with ``fuse=True``, when inductor lays the forward out channels-last (its layout optimisation,
   on for most convolutional networks), every 4-D input or weight of a convolution that is a
   graph input not already channels-last is copied before the forward runs
