@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from estimators.base import Estimator
 from planner.graph import JointGraph
-from planner.memory import build_schedule, constant_inlined, storage_root
+from planner.memory import build_schedule, constant_inlined, freed_output_roots
 from planner.schedule import with_backward_beside, with_rest_of_step
 from planner.ops import aliased_input, first_tensor, is_getitem, is_random, side_effect, storage_bytes
 from planner.problem import Problem
@@ -135,12 +135,9 @@ def _with_rest_of_step(problem: Problem, rest_bytes: int | None = None, released
 
 
 def _released_bytes(joint: JointGraph) -> int:
-    """Bytes of the forward outputs the caller frees before the backward (``joint.released``),
-    each storage once, less any the caller keeps through another output."""
-    outs = joint.fwd_outputs
-    kept = {storage_root(o) for k, o in enumerate(outs) if isinstance(o, fx.Node) and k not in joint.released}
-    freed = {storage_root(o) for k, o in enumerate(outs) if isinstance(o, fx.Node) and k in joint.released} - kept
-    return sum(storage_bytes(r.meta["val"]) for r in freed
+    """Bytes of the forward outputs the caller frees before the backward
+    (:func:`planner.memory.freed_output_roots`; an input's storage is not freed)."""
+    return sum(storage_bytes(r.meta["val"]) for r in freed_output_roots(joint)
                if r.op != "placeholder" and isinstance(r.meta.get("val"), torch.Tensor))
 
 

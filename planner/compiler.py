@@ -482,8 +482,7 @@ class PlannerBackend:
             transfers = {n: Transfer(*decision.transfers.get(n, (None, None))) for n in decision.offloaded}
             forward, backward = emit(joint, graph_plan.problem, decision.saved, transfers)
         fuse = self.config.codegen == "inductor"
-        released = part.released if part is not None and part.released else ()
-        timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=released)
+        timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=joint.released)
         if part is not None and part.released is None:  # kept to count again once a step shows what it frees
             part.simulated = (copy_module(forward), copy_module(backward), joint.num_fwd_outputs, fuse)
         if self._replanning is not None and part is not None and part.index >= 0:  # replaces its earlier plan

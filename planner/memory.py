@@ -634,8 +634,7 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     index = {node: i for i, node in enumerate(nodes)}
     n = len(nodes)
     out_roots = {storage_root(o) for o in joint.fwd_outputs if isinstance(o, fx.Node)}
-    held_roots = {storage_root(o) for k, o in enumerate(joint.fwd_outputs)  # the caller keeps these
-                  if isinstance(o, fx.Node) and k not in joint.released}
+    held_roots = out_roots - freed_output_roots(joint)  # the caller keeps these
     steps = [node for node in joint.graph.nodes if node in joint.backward_nodes and node.op == "call_function"]
     owner = np.full(n, -1, dtype=np.int64)
     transient = np.zeros(n, dtype=np.int64)
@@ -702,6 +701,13 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     return Schedule(owner, transient, copy_bytes, fused, made_with, fwd_last, first_read, last_read, held, base,
                     reuse, reuse_base, tuple(s.name for s in steps), fwd_base=fwd_base,
                     copy_scratch=scratch)
+
+
+def freed_output_roots(joint: JointGraph) -> set[fx.Node]:
+    """Storages of the forward outputs at the places ``joint.released`` (freed by the caller
+    before the backward), less those the caller keeps through another output."""
+    roots = [(k in joint.released, storage_root(o)) for k, o in enumerate(joint.fwd_outputs) if isinstance(o, fx.Node)]
+    return {root for freed, root in roots if freed} - {root for freed, root in roots if not freed}
 
 
 def _latest_reads(nodes: list[fx.Node], index: dict, first_read: np.ndarray, last_read: np.ndarray,
