@@ -271,6 +271,15 @@ def fusion_distance_guard(limit: int = FUSION_DISTANCE, counts: Any = None) -> C
     and the feed-forward gradients (two 32 MiB buffers) alive through it. So a fusion whose later
     kernel depends on a matrix product or convolution between the two is refused as well (in
     ``refused_across``); the memory model follows this (:func:`planner.memory.far_epilogues`).
+
+    The same move lengthens what the hoisted kernel writes: GPT-2's backward at budget 0 (H200)
+    fused the normalised input of a layer norm (float32, 24 MiB), read by that norm's backward
+    after the next layer's attention, into the kernel that recomputed the residual stream
+    before it, so it was alive through the attention's recompute and backward, over the memory
+    model, which computes every stored value where the graph places it. So a fusion across a
+    matrix product whose later kernel writes anything other than a reduction (a value of its
+    whole iteration space) is refused too; a reduction (a bias's gradient summed where the
+    gradient is made) still moves up, its output a row.
     """
     def guard(nodes: list) -> list:
         from torch._inductor.virtualized import V
@@ -304,7 +313,8 @@ def refuse_far_fusions(scheduler: Any, nodes: list, limit: int, counts: Any) -> 
         later = node1 if node1.max_order >= node2.max_order else node2
         independent = not (node1.get_operation_names() & node2.ancestors
                            or node2.get_operation_names() & node1.ancestors)
-        if independent or between & later.ancestors:
+        writes_full = any(not sub.is_reduction() for sub in later.get_nodes())
+        if independent or writes_full or between & later.ancestors:
             counts.refused += 1
             counts.refused_across += 1
             return False

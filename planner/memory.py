@@ -260,9 +260,9 @@ def epilogue_reduction(node: fx.Node, reading: list[fx.Node]) -> bool:
 def far_epilogues(order: list[fx.Node], fuse: bool) -> frozenset[fx.Node]:
     """The reductions of a backward ``order`` that :func:`epilogue_reduction` would fuse into a
     reader computed more than :data:`~planner._torch_compat.FUSION_DISTANCE` kernels later (the
-    reader's own kernel, or that of the readers a pointwise reader is fused into), or into a
-    reader that needs an operator inductor does not generate (a matrix product, a convolution)
-    run between the two: the planner's compile refuses those fusions
+    reader's own kernel, or that of the readers a pointwise reader is fused into), or with an
+    operator inductor does not generate (a matrix product, a convolution) run between the two:
+    the planner's compile refuses those fusions
     (:func:`~planner._torch_compat.fusion_distance_guard`), so each is stored where it runs.
     Kernels are counted as inductor's scheduler counts its nodes before fusion: one per stored
     value (by the rules above) and per operator it cannot generate."""
@@ -271,7 +271,6 @@ def far_epilogues(order: list[fx.Node], fuse: bool) -> frozenset[fx.Node]:
     from planner._torch_compat import FUSION_DISTANCE
 
     kernel = kernel_steps(order, fuse)
-    where = {node: k for k, node in enumerate(order)}
     kernels = np.zeros(len(order) + 1, dtype=np.int64)
     candidates = []
     for k, node in enumerate(order):
@@ -283,33 +282,23 @@ def far_epilogues(order: list[fx.Node], fuse: bool) -> frozenset[fx.Node]:
         if epilogue_reduction(node, reading) and reading[0] in kernel:
             candidates.append((k, kernel[reading[0]]))
     # apart as the guard counts: the difference of the two kernels' places
+    externs = np.cumsum([0] + [int(_extern(node)) for node in order])
     return frozenset(order[k] for k, read in candidates
-                     if kernels[read] - kernels[k] > FUSION_DISTANCE or _needs_extern_after(order[read], k, where))
+                     if kernels[read] - kernels[k] > FUSION_DISTANCE or externs[read] > externs[k + 1])
 
 
-def _needs_extern_after(node: fx.Node, start: int, where: dict[fx.Node, int]) -> bool:
-    """``node`` reads, directly or through what it reads, an operator inductor runs as an
-    extern kernel (not :func:`fuses_producers`, not a random prim) placed after ``start`` in the
-    order ``where``.
+def _extern(node: fx.Node) -> bool:
+    """``node`` is an operator inductor runs as an extern kernel (not :func:`fuses_producers`,
+    not a random prim), one of the backward's own.
 
     A recomputed copy (an emitted backward's) does not count: the schedule is built before the
     plan and cannot know where copies will be, and the simulation must stay within its bound, so
     both look at the backward's own operators. (A recomputed product between a reduction and its
     reader is then taken as fused where the compile stores the reduction: the reduction's own
     bytes are missed, its inputs counted a little longer.)"""
-    seen, stack = set(), [node]
-    while stack:
-        current = stack.pop()
-        for inp in current.all_input_nodes:
-            if inp in seen or where.get(inp, -1) <= start:
-                continue
-            seen.add(inp)
-            if (inp.op == "call_function" and not is_getitem(inp) and _shared_input(inp) is None
-                    and not fuses_producers(inp) and str(inp.target) not in _RANDOM_PRIMS
-                    and not inp.meta.get("recomputed")):
-                return True
-            stack.append(inp)
-    return False
+    return (node.op == "call_function" and not is_getitem(node) and _shared_input(node) is None
+            and not fuses_producers(node) and str(node.target) not in _RANDOM_PRIMS
+            and not node.meta.get("recomputed"))
 
 
 # inductor's random prims, which it generates as pointwise code (named: registered only once inductor is imported)

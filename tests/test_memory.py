@@ -298,32 +298,36 @@ def test_inductor_computes_a_reduction_in_its_pointwise_readers_kernel():
     assert "extern_kernels.mm(" in calls[0] and "sin" in calls[-1], code
 
 
-def _sum_then_layers(x, w, layers: int):
+def _sum_then_layers(x, w, layers: int, products: bool):
     s = torch.sin(x).sum(0).double()  # a reduction read by a cast, which is computed in the add's kernel
-    h = x
-    for _ in range(layers):
-        h = torch.mm(h, w)
-    return h, x.cos().sum(0) + s  # after `layers` products, which the add does not need
+    h, kept = x, []
+    for i in range(layers):  # matrix products, or values stored for the caller (a kernel each)
+        if products:
+            h = torch.mm(h, w)
+        else:
+            kept.append(x * (i + 2))
+    return h, *kept, x.cos().sum(0) + s  # which the add does not need
 
 
-@pytest.mark.parametrize("layers", [FUSION_DISTANCE // 4, 2 * FUSION_DISTANCE])
-def test_a_backward_stores_a_reduction_its_reader_is_too_far_from(layers):
+@pytest.mark.parametrize("layers,products", [(FUSION_DISTANCE // 4, False), (2 * FUSION_DISTANCE, False), (1, True)])
+def test_a_backward_stores_a_reduction_its_reader_is_too_far_from(layers, products):
     """In a backward, the planner's compile refuses to fuse a reduction into a reader computed
-    more than FUSION_DISTANCE kernels later (here a cast, computed in the add's kernel), so the
-    memory model stores it where it runs and frees its inputs there; nearer, it is still
-    computed in the reader's kernel."""
+    more than FUSION_DISTANCE kernels later (here a cast, computed in the add's kernel), or with
+    a matrix product between them, so the memory model stores it where it runs and frees its
+    inputs there; nearer, it is still computed in the reader's kernel."""
     from planner.memory import far_epilogues, kernel_steps, readers, stored_bytes
 
-    gm = _traced(lambda x, w: _sum_then_layers(x, w, layers), torch.randn(64, 64), torch.randn(64, 64))
+    gm = _traced(lambda x, w: _sum_then_layers(x, w, layers, products), torch.randn(64, 64), torch.randn(64, 64))
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     sin = next(n for n in nodes if n.target is aten.sin.default)
     (reduction,) = sin.users
     far = far_epilogues(nodes, fuse=True)
-    assert (reduction in far) == (layers > FUSION_DISTANCE)
+    apart = products or layers > FUSION_DISTANCE
+    assert (reduction in far) == apart
     assert far_epilogues(nodes, fuse=False) == frozenset()
     add = nodes[-1]
     stored, step = stored_bytes(reduction, readers(reduction), True, far), kernel_steps(nodes, True, far)[reduction]
-    if layers > FUSION_DISTANCE:
+    if apart:
         assert stored == 64 * 4 and step == nodes.index(reduction)
     else:
         assert stored == 0 and step == nodes.index(add)
@@ -387,38 +391,79 @@ class _Node:
     """A stand-in for an inductor scheduler node: its place in order, what it makes, what it
     depends on, and whether it is an extern kernel (a matrix product, a convolution)."""
 
-    def __init__(self, order: int, ancestors=(), extern: bool = False) -> None:
+    def __init__(self, order: int, ancestors=(), extern: bool = False, reduction: bool = False) -> None:
         self.min_order = self.max_order = order
-        self.name, self.ancestors, self.extern = f"op{order}", set(ancestors), extern
+        self.name, self.ancestors, self.extern, self.reduction = f"op{order}", set(ancestors), extern, reduction
 
     def get_operation_names(self) -> set:
         return {self.name}
 
+    def get_nodes(self) -> list:
+        return [self]
+
     def is_extern(self) -> bool:
         return self.extern
+
+    def is_reduction(self) -> bool:
+        return self.reduction
 
 
 def test_the_backward_fuses_no_independent_kernels_across_a_matrix_product():
     """Two independent kernels (a horizontal fusion) with a matrix product between them are in
     different layers: fused, the scheduler runs the later layer's work before the rest of the
-    earlier one's. A producer and its reader still fuse across it, and neighbours fuse."""
+    earlier one's. A pointwise reader is not hoisted across it to its producer either (what it
+    writes would be alive through the product); a reduction reader is (its output is a row),
+    and neighbours fuse."""
     from types import SimpleNamespace
 
     from planner._torch_compat import refuse_far_fusions
 
-    nodes = [_Node(0), _Node(1), _Node(2, extern=True), _Node(3, ancestors={"op0"}), _Node(4)]
+    nodes = [_Node(0), _Node(1), _Node(2, extern=True), _Node(3, ancestors={"op0"}, reduction=True), _Node(4),
+             _Node(5, ancestors={"op0"})]
     scheduler = SimpleNamespace(can_fuse=lambda a, b: True)
     counts = SimpleNamespace(refused=0, refused_across=0)
     refuse_far_fusions(scheduler, nodes, FUSION_DISTANCE, counts)
     assert scheduler.can_fuse(nodes[0], nodes[1])  # independent neighbours
-    assert scheduler.can_fuse(nodes[0], nodes[3])  # a producer and its reader
+    assert scheduler.can_fuse(nodes[0], nodes[3])  # a producer and its reduction reader
+    assert scheduler.can_fuse(nodes[3], nodes[0])
+    assert not scheduler.can_fuse(nodes[0], nodes[5])  # a producer and its pointwise reader
     assert not scheduler.can_fuse(nodes[1], nodes[4])  # independent, a product between
     assert not scheduler.can_fuse(nodes[4], nodes[1])
-    assert counts.refused == counts.refused_across == 2
-    reads_product = _Node(5, ancestors={"op0", "op2"})  # a reader of op0 that needs the product too
-    assert not scheduler.can_fuse(nodes[0], reads_product) and counts.refused == counts.refused_across == 3
+    assert counts.refused == counts.refused_across == 3
+    reads_product = _Node(6, ancestors={"op0", "op2"}, reduction=True)  # a reader of op0 that needs the product too
+    assert not scheduler.can_fuse(nodes[0], reads_product) and counts.refused == counts.refused_across == 4
+    assert scheduler.can_fuse(nodes[4], nodes[5])  # no product between
     refuse_far_fusions(scheduler, nodes, 2, counts)  # the distance limit still applies
-    assert not scheduler.can_fuse(nodes[0], nodes[3]) and counts.refused == 4 and counts.refused_across == 3
+    assert not scheduler.can_fuse(nodes[0], nodes[3]) and counts.refused == 5 and counts.refused_across == 4
+
+
+def _kernel_orders(fn, args: list, kernel: str) -> dict[bool, list[str]]:
+    """The order of ``fn``'s matrix products ("mm") and of its generated kernels whose name holds
+    ``kernel`` in inductor's code, without and with the guard (which refuses only fusions across
+    a product here, each asked about once per round of fusion)."""
+    from types import SimpleNamespace
+
+    from torch._inductor.utils import run_and_get_code
+
+    from planner._torch_compat import refuse_far_fusions
+
+    orders = {}
+    for guarded in (False, True):
+        counts = SimpleNamespace(refused=0, refused_across=0)
+
+        def guard(nodes, guarded=guarded, counts=counts):
+            if guarded:
+                refuse_far_fusions(nodes[0].scheduler, nodes, FUSION_DISTANCE, counts)
+            return nodes
+
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(_pre_fusion_custom_pass=guard, fx_graph_cache=False, reorder_for_locality=False):
+            _, (code, *_) = run_and_get_code(torch.compile(fn, backend="inductor"), *args)
+        calls = code[code.index("def call("):].splitlines()
+        orders[guarded] = [("mm" if "extern_kernels.mm(" in line else kernel) for line in calls
+                           if "extern_kernels.mm(" in line or ("_fused_" in line and kernel in line and "(" in line)]
+        assert (counts.refused > 0) == guarded and counts.refused == counts.refused_across, code
+    return orders
 
 
 def _sum_product_later(x, w, y, v):
@@ -434,36 +479,31 @@ def test_a_reader_that_needs_a_later_product_is_not_fused_with_its_producer():
     product the reader needs is hoisted above the work between them (inductor's order of a
     training graph, which it does not reorder for locality); the guard refuses that fusion and
     the order stays as written. The memory model stores such a reduction where it runs."""
-    from types import SimpleNamespace
-
-    from torch._inductor.utils import run_and_get_code
-
-    from planner._torch_compat import refuse_far_fusions
     from planner.memory import far_epilogues
 
     args = [torch.randn(256, 256) for _ in range(4)]
-    orders = {}
-    for guarded in (False, True):
-        counts = SimpleNamespace(refused=0, refused_across=0)
-
-        def guard(nodes, guarded=guarded, counts=counts):
-            if guarded:
-                refuse_far_fusions(nodes[0].scheduler, nodes, FUSION_DISTANCE, counts)
-            return nodes
-
-        torch._dynamo.reset()
-        with torch._inductor.config.patch(_pre_fusion_custom_pass=guard, fx_graph_cache=False, reorder_for_locality=False):
-            _, (code, *_) = run_and_get_code(torch.compile(_sum_product_later, backend="inductor"), *args)
-        calls = code[code.index("def call("):].splitlines()
-        orders[guarded] = [("sum" if "_sum_" in line else "mm") for line in calls
-                           if "extern_kernels.mm(" in line or ("_fused_" in line and "_sum_" in line and "(" in line)]
-        assert (counts.refused > 0) == guarded and counts.refused == counts.refused_across, code  # asked once per round
-    assert orders == {False: ["mm", "sum", "mm"], True: ["sum", "mm", "mm"]}
-
+    assert _kernel_orders(_sum_product_later, args, "_sum_") == {False: ["mm", "_sum_", "mm"],
+                                                                 True: ["_sum_", "mm", "mm"]}
     gm = _traced(_sum_product_later, *args)
     order = [n for n in gm.graph.nodes if n.op != "output"]
     (reduction,) = [n for n in order if n.target is aten.sum.dim_IntList]
     assert far_epilogues(order, fuse=True) == {reduction}
+
+
+def _pointwise_reader_after_product(x, w):
+    p = x.sin()             # stored: the product reads it
+    m = torch.mm(p, w)
+    return m, (p * 3).exp()  # a pointwise reader of p placed after the product, not needing it
+
+
+def test_a_pointwise_reader_is_not_hoisted_across_a_product_to_its_producer():
+    """Fused into its producer's kernel, a pointwise reader placed after a matrix product runs
+    before the product, and what it writes is alive through it (GPT-2's layer-norm input,
+    float32, through the next layer's attention): the guard refuses the fusion, and the reader
+    runs after the product, where the memory model computes it."""
+    args = [torch.randn(256, 256) for _ in range(2)]
+    assert _kernel_orders(_pointwise_reader_after_product, args, "exp") == {False: ["exp", "mm"],
+                                                                            True: ["mm", "exp"]}
 
 
 def test_the_planner_backend_counts_the_fusions_its_guard_refuses():
