@@ -42,6 +42,23 @@ def test_roofline_costs_a_fused_pointwise_chain_as_one_memory_pass():
     assert [unfused.runtime(nodes[op]) for op in ("sin", "cos", "mul")] == [2 * BYTES, 2 * BYTES, 3 * BYTES]
 
 
+def _rms_statistics(x, w):
+    h = x.to(torch.float64)  # an RMSNorm's statistics: a reduction of a chain computed inside it
+    return torch.mm((h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype), w)
+
+
+def test_roofline_charges_a_reduction_the_loads_of_what_it_computes_inside_its_kernel():
+    """The cast and the power are computed inside the mean's kernel, which loads ``x`` itself
+    (a kernel of its own, besides the one normalising ``x``): the mean pays that load, the cast
+    (read by pointwise ops only) and the power nothing of it."""
+    nodes = _nodes(_rms_statistics, X, W)
+    est = RooflineEstimator(flops_per_second=1e30, bytes_per_second=1.0)
+    mean, cast, power = nodes["mean"], next(n for k, n in nodes.items() if "convert" in k or "_to_copy" in k), nodes["pow"]
+    assert est.runtime(mean) == BYTES  # x (float32) loaded; the means are used in the kernel (its epilogue)
+    assert est.runtime(power) == 0.0
+    assert est.runtime(cast) == BYTES  # its own read of x, shared in a backward with a kernel that reads x anyway
+
+
 def test_roofline_matrix_product_is_bound_by_the_slower_of_flops_and_bytes():
     mm = _nodes(_chain, X, Y, W)["mm"]
     flops, moved = 2 * 64 * 32 * 16, (64 * 32 + 32 * 16 + 64 * 16) * 4
