@@ -261,3 +261,41 @@ def test_exact_solvers_start_from_a_given_plan_that_fits_and_is_fastest(name, op
     if decision.stats["start"] == "given":  # taken only where the solver's own start was slower
         assert best.seconds < least.plan.seconds
     assert decision.seconds <= best.seconds + 1e-4 * problem.runtime.max() + 1e-12
+
+
+def test_polish_saves_recomputed_values_while_the_budget_holds_and_stops_at_its_deadline():
+    """From the least-peak plan at a budget above its peak, the sweeps save values the budget
+    still has room for, each accepted save lowering the plan's seconds; with no time left they
+    return the plan as given."""
+    import time as clock
+
+    from solvers.polish import polish
+
+    problem = random_problem(17, 400)
+    frugal = reference_plan(problem)
+    budget = budget_in_range(problem, 0.3)
+    polished, report = polish(problem, frugal, budget, clock.monotonic() + 30)
+    assert polished.peak_bytes <= budget and polished.seconds < frugal.seconds
+    assert report["saved_values"] > 0 and report["stopped_by"] == "no gain"
+    assert report["objective_after"] == polished.seconds and report["objective_before"] == frugal.seconds
+    assert (polished.saved | frugal.saved).sum() >= frugal.saved.sum()
+    again, _ = polish(problem, polished, budget, clock.monotonic() + 30)  # a local optimum of the sweep
+    assert again.seconds == polished.seconds
+    late, late_report = polish(problem, frugal, budget, clock.monotonic() - 1)
+    assert late.seconds == frugal.seconds and late_report["stopped_by"] == "time limit"
+
+
+@pytest.mark.parametrize("name,options", EXACT)
+def test_an_exact_solver_polishes_the_answer_it_could_not_prove(name, options):
+    """Stopped by its time limit, an exact solver's answer is swept (stats["polish"]): it is no
+    slower than before the sweeps, its gap is measured against the solver's bound again, and
+    the status still says the answer is unproven."""
+    problem = random_problem(17, 1500)
+    budget = budget_in_range(problem, 0.02)
+    decision = get_solver(name, time_limit=0.5, **options).solve(problem, budget)
+    if decision.status == Status.OPTIMAL:
+        pytest.skip("proven within the limit: nothing to polish")
+    report = decision.stats["polish"]
+    assert report["objective_after"] <= report["objective_before"]
+    assert decision.seconds == pytest.approx(report["objective_after"])
+    assert decision.status == Status.FEASIBLE and decision.peak_bytes <= budget

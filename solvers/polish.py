@@ -1,0 +1,55 @@
+"""Local improvement of a plan an exact solver left unproven: save more while the budget holds.
+
+A time-limited exact solver may stop at its starting plan. At budget 0 that start is the
+least-peak plan, which recomputes everything it can: on the zoo's Llama (763 problem nodes,
+priced at H200 datasheet rates on a CPU) CP-SAT's default limit returned it unchanged, 2.110 ms
+of recomputation, and 60 s of CP-SAT found 1.798 ms. Sweeping the recomputed values, each saved
+where the plan's peak stays within the budget and its seconds fall, found 1.787 ms in 0.8 s:
+most values whose recomputation the least peak does not need can be kept, the peak being set by
+a few steps elsewhere.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate
+
+__all__ = ["polish"]
+
+
+def polish(problem: Problem, plan: Evaluation, budget_bytes: int, deadline: float) -> tuple[Evaluation, dict]:
+    """``plan`` improved by first-improvement sweeps: each recomputed value that owns its
+    storage, most recompute seconds per byte first, is saved where the plan stays within
+    ``budget_bytes`` and gets faster; sweeps repeat until one changes nothing or ``deadline``
+    (a ``time.monotonic()`` instant) passes. Returns the plan and what the sweeps did: values
+    saved, plans evaluated, sweeps, seconds, and the seconds before and after."""
+    start = time.monotonic()
+    own = problem.schedule.owner == np.arange(len(problem))
+    best, saves, tried, sweeps, stopped_by = plan, 0, 0, 0, None
+    while stopped_by is None:
+        sweeps += 1
+        candidates = np.flatnonzero(best.recomputed & problem.saveable & own & (problem.nbytes > 0))
+        order = candidates[np.argsort(-problem.runtime[candidates] / problem.nbytes[candidates], kind="stable")]
+        improved = False
+        for i in order:
+            if time.monotonic() > deadline:
+                stopped_by = "time limit"
+                break
+            if not best.recomputed[i]:
+                continue  # a save earlier in this sweep made it unneeded
+            saved = best.saved.copy()
+            saved[i] = True
+            try:
+                candidate = evaluate(problem, saved)
+            except InfeasibleDecision:
+                continue
+            tried += 1
+            if candidate.peak_bytes <= budget_bytes and candidate.seconds < best.seconds:
+                best, saves, improved = candidate, saves + 1, True
+        if stopped_by is None and not improved:
+            stopped_by = "no gain"
+    return best, {"saved_values": saves, "plans_evaluated": tried, "sweeps": sweeps,
+                  "seconds": round(time.monotonic() - start, 3), "objective_before": plan.seconds,
+                  "objective_after": best.seconds, "stopped_by": stopped_by}
