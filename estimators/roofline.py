@@ -22,7 +22,7 @@ from estimators.flops import count_flops
 from estimators.timing import run_times
 from planner import _torch_compat
 from planner.errors import ConfigError
-from planner.memory import fusible, readers, stored_bytes
+from planner.memory import fusible, is_reduction, readers, stored_bytes
 from planner.ops import aliased_input, device_name, first_tensor, is_getitem, storage_bytes, view_base
 
 __all__ = ["RooflineEstimator", "Rates", "DATASHEET", "device_rates", "measure_rates", "datasheet_rates"]
@@ -138,7 +138,7 @@ class RooflineEstimator(Estimator):
         and the inputs in ``shared`` (loaded by a kernel it fuses with) free too."""
         written = stored_bytes(node, readers(node), self.fuse) if self.fuse else _nbytes(node)
         read, seen = 0, set()
-        reduction = self.fuse and torch.Tag.reduction in getattr(node.target, "tags", ())
+        reduction = self.fuse and is_reduction(node)
         for inp in node.all_input_nodes:
             if inp in shared:
                 continue

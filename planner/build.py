@@ -127,7 +127,7 @@ def _with_rest_of_step(problem: Problem, rest_bytes: int | None = None, released
     from solvers.reference import reference_plan
 
     s = problem.schedule
-    own = s.owner == np.arange(len(s.owner))
+    own = s.owns
     held = int(problem.nbytes[own & s.held.astype(bool)].sum()) + released
     rest = reference_plan(problem).peak_bytes if rest_bytes is None else rest_bytes
     entry = held + int(s.fwd_base[-1] if len(s.fwd_base) else 0) + rest

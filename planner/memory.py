@@ -253,7 +253,7 @@ def epilogue_reduction(node: fx.Node, reading: list[fx.Node]) -> bool:
     in a backward the rule holds only within its distance (:func:`far_epilogues`); in a forward,
     which the guard leaves alone, it holds at any distance.
     """
-    return (torch.Tag.reduction in _tags(node) and isinstance(node.meta.get("val"), torch.Tensor)
+    return (is_reduction(node) and isinstance(node.meta.get("val"), torch.Tensor)
             and len(reading) == 1 and fusible(reading[0]))
 
 
@@ -380,6 +380,12 @@ def _leaf_reads(node: fx.Node, depth: int) -> set[fx.Node]:
     return leaves
 
 
+def is_reduction(node: fx.Node) -> bool:
+    """``node`` is an ATen reduction (``sum``, ``mean``, ``var_mean``...): inductor generates
+    its kernel, a kernel of its own unless it is fused into its one pointwise reader."""
+    return torch.Tag.reduction in _tags(node)
+
+
 def _tags(node: fx.Node) -> list:
     target = node.target
     return target.tags if isinstance(target, torch._ops.OpOverload) else []
@@ -406,7 +412,7 @@ def generated(node: fx.Node) -> bool:
     """A pointwise op, a cast, a reduction, or an ATen factory (``iota``, ``full``,
     ``scalar_tensor``: no tensor inputs): inductor generates its kernel code, and can compute
     a fused producer inside it."""
-    return fusible(node) or torch.Tag.reduction in _tags(node) or _factory(node)
+    return fusible(node) or is_reduction(node) or _factory(node)
 
 
 def library_kernel(target: object, fuse: bool = True) -> bool:

@@ -99,6 +99,12 @@ class Schedule:
     def num_steps(self) -> int:
         return len(self.base)
 
+    @property
+    def owns(self) -> np.ndarray:
+        """Node i's value lives in a storage of its own (``owner[i] == i``): not a view, nor
+        held before the step."""
+        return self.owner == np.arange(len(self.owner))
+
     @classmethod
     def saved_bytes_only(cls, needed: np.ndarray) -> "Schedule":
         """One backward step reading every needed node and nothing else alive: the peak of a
@@ -182,7 +188,7 @@ def profile(
     s = schedule
     n, steps = len(s.owner), s.num_steps
     cons = consumers(inputs, s.owner) if cons is None else cons
-    own = s.owner == np.arange(n)
+    own = s.owns
     made = _made_at(s, cons, recomputed & own)
     until = _read_until(s, cons, recomputed & own, made)
     fwd = np.zeros(n + 1, dtype=np.int64)

@@ -52,7 +52,7 @@ class PeakRows:
         s = problem.schedule
         n = len(problem)
         self.problem, self.base, self.schedule = problem, base, s
-        self.own = s.owner == np.arange(n)
+        self.own = s.owns
         self.cons = problem.consumers
         self.rvar, self.svar = base.recomputed_var, base.saved_var
         never = s.num_steps + 1

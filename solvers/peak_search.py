@@ -40,7 +40,7 @@ def lower_peak(problem: Problem, start: Evaluation, deadline: float, width: int 
 def _neighbours(problem: Problem, plan: Evaluation, width: int):
     s = problem.schedule
     prof = memory_profile(problem, plan)
-    own = s.owner == np.arange(len(problem))
+    own = s.owns
     if prof.forward.max(initial=0) >= prof.backward.max(initial=0):
         f = int(np.argmax(prof.forward))
         alive_saved = plan.saved & (np.arange(len(problem)) <= f)

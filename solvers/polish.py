@@ -26,7 +26,7 @@ def polish(problem: Problem, plan: Evaluation, budget_bytes: int, deadline: floa
     (a ``time.monotonic()`` instant) passes. Returns the plan and what the sweeps did: values
     saved, plans evaluated, sweeps, seconds, and the seconds before and after."""
     start = time.monotonic()
-    own = problem.schedule.owner == np.arange(len(problem))
+    own = problem.schedule.owns
     best, saves, tried, sweeps, stopped_by = plan, 0, 0, 0, None
     while stopped_by is None:
         sweeps += 1

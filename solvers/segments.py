@@ -34,7 +34,7 @@ def crossing_bytes(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     storage_last = np.full(n, -1, dtype=np.int64)
     viewed = owner >= 0
     np.maximum.at(storage_last, owner[viewed], last_reader[viewed])
-    own = np.flatnonzero((owner == np.arange(n)) & (storage_last > np.arange(n)))
+    own = np.flatnonzero(problem.schedule.owns & (storage_last > np.arange(n)))
     delta = np.zeros(n + 2, dtype=np.int64)
     np.add.at(delta, own + 1, problem.nbytes[own])
     np.add.at(delta, storage_last[own] + 1, -problem.nbytes[own])
@@ -57,7 +57,7 @@ def segment_saves(problem: Problem, counts: tuple[int, ...] = SEGMENT_COUNTS) ->
     if n < 2:
         return []
     crossing, storage_last = crossing_bytes(problem)
-    own = problem.schedule.owner == np.arange(n)
+    own = problem.schedule.owns
     work = np.concatenate(([0], np.cumsum(np.where(own, problem.schedule.copy_bytes, 0))))  # before node c
     total = int(work[-1])
     if total == 0:
