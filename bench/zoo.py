@@ -79,7 +79,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
                     "estimator": backend.graphs[0].estimator if backend.graphs else None,
                     "plan_seconds": sum(g.plan_seconds for g in backend.graphs),
                     "status": ",".join(sorted({g.decision.status for g in backend.graphs})),
-                    "predicted_added_ms": 1e3 * sum(g.decision.objective for g in backend.graphs),
+                    "predicted_added_ms": 1e3 * sum(g.decision.seconds for g in backend.graphs),
                     "polish": [g.decision.stats.get("polish") for g in backend.graphs],
                     "time_limits": [g.decision.stats.get("time_limit") for g in backend.graphs],
                     "pytorch_split_seconds": [g.decision.stats.get("pytorch_split_seconds") for g in backend.graphs],
