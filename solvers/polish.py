@@ -24,10 +24,12 @@ def polish(problem: Problem, plan: Evaluation, budget_bytes: int, deadline: floa
     storage, most recompute seconds per byte first, is saved where the plan stays within
     ``budget_bytes`` and gets faster; sweeps repeat until one changes nothing or ``deadline``
     (a ``time.monotonic()`` instant) passes. Returns the plan and what the sweeps did: values
-    saved, plans evaluated, sweeps, seconds, and the seconds before and after."""
+    saved, plans evaluated, sweeps, seconds, the seconds before and after, and the names of the
+    values saved, in the order the sweeps saved them (``"added"``: each save was a gain given
+    those before it, so any first few of them make a plan within the budget)."""
     start = time.monotonic()
     own = problem.schedule.owns
-    best, saves, tried, sweeps, stopped_by = plan, 0, 0, 0, None
+    best, added, tried, sweeps, stopped_by = plan, [], 0, 0, None
     while stopped_by is None:
         sweeps += 1
         candidates = np.flatnonzero(best.recomputed & problem.saveable & own & (problem.nbytes > 0))
@@ -47,9 +49,10 @@ def polish(problem: Problem, plan: Evaluation, budget_bytes: int, deadline: floa
                 continue
             tried += 1
             if candidate.peak_bytes <= budget_bytes and candidate.seconds < best.seconds:
-                best, saves, improved = candidate, saves + 1, True
+                best, improved = candidate, True
+                added.append(problem.names[i])
         if stopped_by is None and not improved:
             stopped_by = "no gain"
-    return best, {"saved_values": saves, "plans_evaluated": tried, "sweeps": sweeps,
+    return best, {"saved_values": len(added), "plans_evaluated": tried, "sweeps": sweeps,
                   "seconds": round(time.monotonic() - start, 3), "objective_before": plan.seconds,
-                  "objective_after": best.seconds, "stopped_by": stopped_by}
+                  "objective_after": best.seconds, "stopped_by": stopped_by, "added": added}

@@ -290,3 +290,46 @@ def test_the_predicted_frugal_end_reuses_the_least_peak_search_of_the_solve(monk
     assert plan.predicted.min_peak_bytes == plan.decision.budget_bytes
     assert limits and all(limit == solved_with for limit in limits)
     forget_decisions()
+
+
+def test_budget_zero_keeps_only_the_polish_saves_that_leave_the_predicted_peak_where_it_was(monkeypatch, tmp_path):
+    """At budget 0 the polish sweeps' saves (here a few recomputed values that alone leave the
+    simulated peak as it is, then the largest ones, which raise it) are cut back to the longest
+    first run of them that keeps the solver's answer's simulated peak; one save more would raise it."""
+    import numpy as np
+    from dataclasses import replace
+    from itertools import islice
+    from planner.compiler import least_peak_polish, simulated_peak, solve_graph
+    from planner.config import PlannerConfig
+    from planner.decisions import forget_decisions
+    from planner.problem import evaluate_names
+    from planner.tracing import as_inputs, capture
+    from tests import models
+
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
+    forget_decisions()
+    model, inputs = models.gpt()
+    joint = capture(model, as_inputs(inputs), codegen="inductor")
+    graph_plan = solve_graph(joint, PlannerConfig(memory_budget=0.0, solver="greedy"))
+    problem, decision = graph_plan.problem, graph_plan.decision
+    base = problem.mask(problem.index(decision.saved))
+    recomputed = np.flatnonzero(~base & problem.saveable & problem.schedule.owns & (problem.nbytes > 0))
+    limit = simulated_peak(joint, problem, decision.saved)
+    harmless = list(islice((n for n in (problem.names[i] for i in recomputed[::-1])
+                            if simulated_peak(joint, problem, tuple(decision.saved) + (n,)) <= limit), 3))
+    largest = [problem.names[i] for i in recomputed[np.argsort(-problem.nbytes[recomputed], kind="stable")][:8]]
+    added = harmless + [n for n in largest if n not in harmless]
+    assert simulated_peak(joint, problem, tuple(decision.saved) + tuple(added)) > limit  # the case at hand
+    polished = replace(decision, saved=tuple(decision.saved) + tuple(added), stats={**decision.stats, "polish": {"added": added}})
+
+    kept = least_peak_polish(joint, problem, polished)
+
+    k = kept.stats["polish"]["kept"]
+    assert len(harmless) <= k < len(added) and kept.stats["polish"]["added"] == added[:k]
+    expected = evaluate_names(problem, tuple(decision.saved) + tuple(added[:k]))
+    assert set(kept.saved) == {problem.names[i] for i in np.flatnonzero(expected.saved)}
+    assert simulated_peak(joint, problem, kept.saved) <= limit
+    assert simulated_peak(joint, problem, tuple(kept.saved) + (added[k],)) > limit
+    assert kept.recompute_seconds == expected.recompute_seconds and kept.peak_bytes == expected.peak_bytes
+    untouched = least_peak_polish(joint, problem, replace(decision, stats={**decision.stats, "polish": {"added": []}}))
+    assert untouched.saved == decision.saved
