@@ -24,9 +24,9 @@ def polish(problem: Problem, plan: Evaluation, budget_bytes: int, deadline: floa
     storage, most recompute seconds per byte first, is saved where the plan stays within
     ``budget_bytes`` and gets faster; sweeps repeat until one changes nothing or ``deadline``
     (a ``time.monotonic()`` instant) passes. Returns the plan and what the sweeps did: values
-    saved, plans evaluated, sweeps, seconds, the seconds before and after, and the names of the
-    values saved, in the order the sweeps saved them (``"added"``: each save was a gain given
-    those before it, so any first few of them make a plan within the budget)."""
+    saved, plans evaluated, sweeps, seconds, the seconds before and after, the names of the values
+    ``plan`` saved (``"start"``) and of those the sweeps saved, in the order they saved them
+    (``"added"``: each a gain given those before it)."""
     start = time.monotonic()
     own = problem.schedule.owns
     best, added, tried, sweeps, stopped_by = plan, [], 0, 0, None
@@ -55,4 +55,5 @@ def polish(problem: Problem, plan: Evaluation, budget_bytes: int, deadline: floa
             stopped_by = "no gain"
     return best, {"saved_values": len(added), "plans_evaluated": tried, "sweeps": sweeps,
                   "seconds": round(time.monotonic() - start, 3), "objective_before": plan.seconds,
-                  "objective_after": best.seconds, "stopped_by": stopped_by, "added": added}
+                  "objective_after": best.seconds, "stopped_by": stopped_by,
+                  "start": [problem.names[i] for i in np.flatnonzero(plan.saved)], "added": added}

@@ -294,8 +294,9 @@ def test_the_predicted_frugal_end_reuses_the_least_peak_search_of_the_solve(monk
 
 def test_budget_zero_keeps_only_the_polish_saves_that_leave_the_predicted_peak_where_it_was(monkeypatch, tmp_path):
     """At budget 0 the polish sweeps' saves (here a few recomputed values that alone leave the
-    simulated peak as it is, then the largest ones, which raise it) are cut back to the longest
-    first run of them that keeps the solver's answer's simulated peak; one save more would raise it."""
+    simulated peak as it is, among the largest ones, which raise it) are filtered: what is kept
+    leaves the solver's answer's simulated peak and the budget as they were, in the sweeps' order;
+    with too few simulations allowed, what was not checked is not kept."""
     import numpy as np
     from dataclasses import replace
     from itertools import islice
@@ -312,24 +313,34 @@ def test_budget_zero_keeps_only_the_polish_saves_that_leave_the_predicted_peak_w
     joint = capture(model, as_inputs(inputs), codegen="inductor")
     graph_plan = solve_graph(joint, PlannerConfig(memory_budget=0.0, solver="greedy"))
     problem, decision = graph_plan.problem, graph_plan.decision
-    base = problem.mask(problem.index(decision.saved))
-    recomputed = np.flatnonzero(~base & problem.saveable & problem.schedule.owns & (problem.nbytes > 0))
-    limit = simulated_peak(joint, problem, decision.saved)
-    harmless = list(islice((n for n in (problem.names[i] for i in recomputed[::-1])
-                            if simulated_peak(joint, problem, tuple(decision.saved) + (n,)) <= limit), 3))
+    base = tuple(decision.saved)
+    recomputed = np.flatnonzero(evaluate_names(problem, base).recomputed & problem.saveable & problem.schedule.owns
+                                & (problem.nbytes > 0))
+    limit = simulated_peak(joint, problem, base)
+
+    def fits(names):
+        return (evaluate_names(problem, base + tuple(names)).peak_bytes <= decision.budget_bytes
+                and simulated_peak(joint, problem, base + tuple(names)) <= limit)
+
+    costly = recomputed[problem.runtime[recomputed] > 0]  # saving them gains
+    harmless = list(islice((n for n in (problem.names[i] for i in costly[::-1]) if fits([n])), 3))
     largest = [problem.names[i] for i in recomputed[np.argsort(-problem.nbytes[recomputed], kind="stable")][:8]]
-    added = harmless + [n for n in largest if n not in harmless]
-    assert simulated_peak(joint, problem, tuple(decision.saved) + tuple(added)) > limit  # the case at hand
-    polished = replace(decision, saved=tuple(decision.saved) + tuple(added), stats={**decision.stats, "polish": {"added": added}})
+    added = list(dict.fromkeys(largest[:1] + harmless[:1] + largest[1:3] + harmless[1:] + largest[3:]))
+    assert len(harmless) == 3 and not fits(added)  # the case at hand
+    polished = replace(decision, saved=base + tuple(added),
+                       stats={**decision.stats, "polish": {"start": list(base), "added": added}})
 
-    kept = least_peak_polish(joint, problem, polished)
+    kept = least_peak_polish(joint, problem, polished, checks=100)
 
-    k = kept.stats["polish"]["kept"]
-    assert len(harmless) <= k < len(added) and kept.stats["polish"]["added"] == added[:k]
-    expected = evaluate_names(problem, tuple(decision.saved) + tuple(added[:k]))
+    note = kept.stats["polish"]
+    assert note["unchecked"] == 0 and note["dropped"] and set(harmless) <= set(note["added"])
+    assert sorted(note["added"] + note["dropped"], key=added.index) == added  # in the sweeps' order
+    assert note["added"] == [n for n in added if n in note["added"]]
+    assert fits(note["added"])
+    expected = evaluate_names(problem, base + tuple(note["added"]))
     assert set(kept.saved) == {problem.names[i] for i in np.flatnonzero(expected.saved)}
-    assert simulated_peak(joint, problem, kept.saved) <= limit
-    assert simulated_peak(joint, problem, tuple(kept.saved) + (added[k],)) > limit
     assert kept.recompute_seconds == expected.recompute_seconds and kept.peak_bytes == expected.peak_bytes
+    hurried = least_peak_polish(joint, problem, polished, checks=1).stats["polish"]
+    assert hurried["simulations"] <= 2 and hurried["unchecked"] > 0 and fits(hurried["added"])
     untouched = least_peak_polish(joint, problem, replace(decision, stats={**decision.stats, "polish": {"added": []}}))
     assert untouched.saved == decision.saved
