@@ -49,6 +49,7 @@ the torch-free :class:`~planner.schedule.Schedule` the solvers plan with.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Collection
@@ -109,12 +110,13 @@ def storage_root(node: fx.Node) -> fx.Node:
 
 
 _AS_TRACED = "prims.inductor_force_stride_order.default"  # planner._torch_compat.as_traced_strides
+_name = lru_cache(maxsize=None)(str)  # an op's name, as str gives it, made once per op
 
 
 def _shared_input(node: fx.Node) -> fx.Node | None:
     """The input whose storage the node's value is (a view of, or written in place; or its
     input laid out as traced for an RNG wrapper, which inductor writes where the input is made)."""
-    if str(node.target) == _AS_TRACED:  # named: the prim is registered only once inductor is imported
+    if _name(node.target) == _AS_TRACED:  # named: the prim is registered only once inductor is imported
         return node.args[0]
     return aliased_input(node) or written_input(node)
 
@@ -208,7 +210,7 @@ def copies_inputs(node: fx.Node) -> bool:
     backward runs between them): 64 MiB over the measured peak at budget 0."""
     if node.op != "call_function":
         return False
-    if str(node.target) in _RNG_WRAPPERS:
+    if _name(node.target) in _RNG_WRAPPERS:
         return True
     if node.target in _CONVOLUTIONS or not library_kernel(node.target):
         return False
@@ -297,7 +299,7 @@ def _extern(node: fx.Node) -> bool:
     reader is then taken as fused where the compile stores the reduction: the reduction's own
     bytes are missed, its inputs counted a little longer.)"""
     return (node.op == "call_function" and not is_getitem(node) and _shared_input(node) is None
-            and not fuses_producers(node) and str(node.target) not in _RANDOM_PRIMS
+            and not fuses_producers(node) and _name(node.target) not in _RANDOM_PRIMS
             and not node.meta.get("recomputed"))
 
 
@@ -397,6 +399,7 @@ def fusible(node: fx.Node) -> bool:
     return _fusible_target(node.target)
 
 
+@lru_cache(maxsize=None)
 def _fusible_target(target: object) -> bool:
     tags = target.tags if isinstance(target, torch._ops.OpOverload) else []
     return torch.Tag.pointwise in tags or target in _CASTS or target in _CONSTANTS or str(target) in _LOWERED_POINTWISE

@@ -6,6 +6,7 @@ list of op names, so new ops are classified correctly.
 from __future__ import annotations
 
 import operator
+from functools import lru_cache
 
 import torch
 import torch.fx as fx
@@ -44,8 +45,18 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
     if is_getitem(node):
         parent = node.args[0]
         return aliased_input(parent) if isinstance(parent, fx.Node) else None
-    schema = _schema(node)
-    if schema is None or schema.is_mutable:
+    index = _aliased_argument(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+    if index is None or index >= len(node.args):
+        return None
+    value = node.args[index]
+    return value if isinstance(value, fx.Node) else None
+
+
+@lru_cache(maxsize=None)
+def _aliased_argument(target: torch._ops.OpOverload) -> int | None:
+    """The position of the argument an op's output is a view of, read from its schema once."""
+    schema = target._schema
+    if schema.is_mutable:
         return None
     returns = [ret.alias_info for ret in schema.returns if ret.alias_info is not None and not ret.alias_info.is_write]
     if not returns:
@@ -53,10 +64,10 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
     # A list return (``Tensor(a)[]`` of split/unbind/chunk) hides its alias set in the element
     # type, so an empty set means: aliases the annotated input.
     out_sets = {s for info in returns for s in info.after_set}
-    for arg, value in zip(schema.arguments, node.args):
+    for index, arg in enumerate(schema.arguments):
         info = arg.alias_info
         if info is not None and not info.is_write and (not out_sets or out_sets & set(info.before_set)):
-            return value if isinstance(value, fx.Node) else None
+            return index
     return None
 
 
