@@ -201,7 +201,7 @@ def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, f
     ``stats["polish"]`` says what was kept and dropped, the peaks, and the simulations run."""
     report = decision.stats.get("polish") or {}
     added = list(report.get("added") or [])
-    if not added:
+    if not added or "start" not in report:
         return decision
     checks = POLISH_CHECKS if checks is None else checks
     start, runs = time.perf_counter(), [0]
