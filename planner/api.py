@@ -52,6 +52,23 @@ def _time_limit(decision: Decision) -> str:
     return "" if limit is None else f"; limit {limit['seconds']:.3g} s, {limit['rule']}"
 
 
+def polish_summary(decision: Decision) -> str | None:
+    """What the polish sweeps did to an unproven answer (:mod:`solvers.polish`; at budget 0
+    after :func:`planner.compiler.least_peak_polish`), as the summary says it; None where they
+    did not run."""
+    report = decision.stats.get("polish")
+    if not report:
+        return None
+    before, after = report["objective_before"] * 1e3, report["objective_after"] * 1e3
+    sweeps = f"{report['sweeps']} sweep" + ("" if report["sweeps"] == 1 else "s")
+    text = (f"{report['saved_values']} more values saved in {sweeps} ({report['seconds']:.2g} s, "
+            f"{report['stopped_by']}): {before:.4g} -> {after:.4g} ms estimated")
+    if "kept" in report:
+        text += (f"; budget 0 kept {report['kept']}, dropped {len(report['dropped'])} that raised the predicted "
+                 f"peak, left {report['unchecked']} unchecked ({report['simulations']} simulations)")
+    return text
+
+
 class Plan:
     """A solved plan for one model and input shape.
 
@@ -133,6 +150,8 @@ class Plan:
             ("plan time", f"{self.graph_plan.plan_seconds * 1e3:.0f} ms (solver {d.solve_seconds * 1e3:.0f} ms)"),
             ("graph", f"{len(self.graph_plan.problem)} forward nodes, fingerprint {self.graph_plan.fingerprint}"),
         ]
+        if (polished := polish_summary(d)) is not None:
+            rows.insert(1, ("polish", polished))
         if self.scratch:
             rows.insert(4, ("library scratch", self.scratch))
         schedule = self.graph_plan.problem.schedule

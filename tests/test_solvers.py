@@ -299,3 +299,22 @@ def test_an_exact_solver_polishes_the_answer_it_could_not_prove(name, options):
     assert report["objective_after"] <= report["objective_before"]
     assert decision.seconds == pytest.approx(report["objective_after"])
     assert decision.status == Status.FEASIBLE and decision.peak_bytes <= budget
+
+
+def test_the_plan_summary_says_what_the_polish_sweeps_did():
+    """The summary's polish row quotes the sweeps' report, and at budget 0 what the peak check
+    kept, dropped and left unchecked; a decision the sweeps did not touch has no such row."""
+    from dataclasses import replace
+
+    from planner.api import polish_summary
+
+    problem = random_problem(17, 400)
+    decision = get_solver("greedy").solve(problem, budget_in_range(problem, 0.3))
+    assert polish_summary(decision) is None
+    report = {"saved_values": 7, "sweeps": 2, "seconds": 0.25, "stopped_by": "no gain",
+              "objective_before": 2.5e-3, "objective_after": 2.0e-3}
+    line = polish_summary(replace(decision, stats={"polish": report}))
+    assert line.startswith("7 more values saved in 2 sweeps") and "2.5 -> 2 ms" in line and "budget 0" not in line
+    checked = {**report, "kept": 5, "dropped": ["a", "b"], "unchecked": 0, "simulations": 9}
+    assert "budget 0 kept 5, dropped 2 that raised the predicted peak, left 0 unchecked (9 simulations)" in \
+        polish_summary(replace(decision, stats={"polish": checked}))
