@@ -246,7 +246,8 @@ def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, f
 
 
 # Budget 0: the most simulations spent keeping the polish sweeps' saves that leave the predicted
-# peak as it was (each emits and simulates the graph: 1.5-2.3 s on the zoo's ViT and ResNet-50)
+# peak as it was (each emits and simulates the graph: on the H200 machine's CPU about 1.1 s on the
+# zoo's ViT and 2.6 s on ResNet-50, before the simulation was made a third faster)
 POLISH_CHECKS = 12
 
 
