@@ -173,17 +173,14 @@ def prefer_pytorch_split(problem: Problem, decision: Decision, split: Evaluation
            f"not {SPLIT_PEAK_MARGIN:.0%} less; closer than that, the estimates cannot tell the two apart")
     if split.peak_bytes > decision.budget_bytes:
         why += f"; the budget is the split's peak, over the fast end's {decision.budget_bytes} bytes"
-    return replace(decision, saved=tuple(problem.names[i] for i in np.flatnonzero(split.saved)),
-                   budget_bytes=max(decision.budget_bytes, split.peak_bytes),
-                   memory_bytes=split.memory_bytes, peak_bytes=split.peak_bytes,
-                   recompute_seconds=split.recompute_seconds, save_seconds=split.save_seconds,
-                   status=Status.HEURISTIC, gap=gap,
-                   stats={**decision.stats, FAST_END_CHOICE: {"plan": "pytorch split", "why": why,
-                                                              "solver_peak_bytes": decision.peak_bytes,
-                                                              "solver_seconds": decision.seconds,
-                                                              "solver_status": decision.status,
-                                                              "compared": {"solver": ours, "split": theirs,
-                                                                           "figures": figures}}})
+    return _with_plan(problem, decision, split, budget_bytes=max(decision.budget_bytes, split.peak_bytes),
+                      status=Status.HEURISTIC, gap=gap,
+                      stats={**decision.stats, FAST_END_CHOICE: {"plan": "pytorch split", "why": why,
+                                                                 "solver_peak_bytes": decision.peak_bytes,
+                                                                 "solver_seconds": decision.seconds,
+                                                                 "solver_status": decision.status,
+                                                                 "compared": {"solver": ours, "split": theirs,
+                                                                              "figures": figures}}})
 
 
 def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, fuse: bool = True,
@@ -239,10 +236,14 @@ def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, f
     note = {**report, "added": kept, "kept": len(kept), "dropped": dropped, "unchecked": unchecked,
             "objective_after": plan.seconds, "simulated_peak_before": limit, "simulations": 1 + runs[0],
             "check_seconds": round(time.perf_counter() - start, 3)}
+    return _with_plan(problem, decision, plan, gap=gap, stats={**decision.stats, "polish": note})
+
+
+def _with_plan(problem: Problem, decision: Decision, plan: Evaluation, **changes: Any) -> Decision:
+    """``decision`` saving what ``plan`` saves, with ``plan``'s figures, and ``changes``."""
     return replace(decision, saved=tuple(problem.names[i] for i in np.flatnonzero(plan.saved)),
                    memory_bytes=plan.memory_bytes, peak_bytes=plan.peak_bytes,
-                   recompute_seconds=plan.recompute_seconds, save_seconds=plan.save_seconds, gap=gap,
-                   stats={**decision.stats, "polish": note})
+                   recompute_seconds=plan.recompute_seconds, save_seconds=plan.save_seconds, **changes)
 
 
 # Budget 0: the most simulations spent keeping the polish sweeps' saves that leave the predicted
