@@ -62,15 +62,17 @@ def _gpt2(size: str):
     return _CausalLM(GPT2LMHeadModel(cfg)), _tokens(batch, seq, vocab)
 
 
-def _decoder(size: str, family: str, bench: tuple) -> tuple:
+def _decoder(size: str, family: str, bench: tuple, head_dim: int | None = None) -> tuple:
     """A Llama-style transformers decoder (``LlamaForCausalLM``, ``Qwen2ForCausalLM``...) of
-    ``bench = (layers, d, heads, kv heads, ffn, seq, batch, vocab)`` or the tiny size."""
+    ``bench = (layers, d, heads, kv heads, ffn, seq, batch, vocab)`` or the tiny size; ``head_dim``
+    for families that do not derive it from ``d / heads`` (Gemma), at the bench size."""
     import transformers
 
     layers, d, heads, kv, ffn, seq, batch, vocab = bench if size == "bench" else (2, 64, 4, 2, 128, 32, 2, 128)
+    extra = {} if head_dim is None else {"head_dim": head_dim if size == "bench" else d // heads}
     cfg = getattr(transformers, f"{family}Config")(
         num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
-        intermediate_size=ffn, max_position_embeddings=seq, vocab_size=vocab)
+        intermediate_size=ffn, max_position_embeddings=seq, vocab_size=vocab, **extra)
     return _CausalLM(getattr(transformers, f"{family}ForCausalLM")(cfg)), _tokens(batch, seq, vocab)
 
 
@@ -80,6 +82,15 @@ def _llama(size: str):
 
 def _qwen2(size: str):
     return _decoder(size, "Qwen2", (6, 896, 14, 2, 4864, 1024, 8, 8192))
+
+
+def _mistral(size: str):
+    return _decoder(size, "Mistral", (6, 1024, 16, 4, 3584, 2048, 4, 8192))
+
+
+def _gemma(size: str):
+    """Multi-query attention, GeGLU and a scaled embedding, tied to the head."""
+    return _decoder(size, "Gemma", (6, 1024, 8, 1, 4096, 2048, 4, 8192), head_dim=128)
 
 
 def _gpt2_breaks(size: str):
@@ -143,6 +154,15 @@ MODELS: dict[str, ZooModel] = {
                          "timm", "convnext_tiny, batch 64"),
     "efficientnet": ZooModel(_timm("efficientnet_b0", 128, {"drop_path_rate": 0.1}), "timm",
                              "efficientnet_b0, batch 128, drop path 0.1"),
+    # added later still, after every rule of the planner so far, as models a new user brings
+    "mistral": ZooModel(_mistral, "transformers",
+                        "MistralForCausalLM, 6 layers, d 1024, 16 heads / 4 kv, ffn 3584, seq 2048, batch 4, vocab 8192"),
+    "gemma": ZooModel(_gemma, "transformers",
+                      "GemmaForCausalLM, 6 layers, d 1024, 8 heads / 1 kv of 128, ffn 4096, seq 2048, batch 4, vocab 8192"),
+    "swin": ZooModel(_timm("swin_tiny_patch4_window7_224", 64, {"img_size": 32, "patch_size": 2, "window_size": 4,
+                                                                "embed_dim": 16, "depths": (1, 1), "num_heads": (2, 4)}),
+                     "timm", "swin_tiny_patch4_window7_224, batch 64"),
+    "mobilenetv3": ZooModel(_timm("mobilenetv3_large_100", 128, {}), "timm", "mobilenetv3_large_100, batch 128"),
 }
 
 
