@@ -22,7 +22,7 @@ from estimators.flops import count_flops
 from estimators.timing import run_times
 from planner import _torch_compat
 from planner.errors import ConfigError
-from planner.memory import fusible, is_reduction, readers, stored_bytes
+from planner.memory import copies_inputs, fusible, is_reduction, readers, stored_bytes
 from planner.ops import aliased_input, device_name, first_tensor, is_getitem, storage_bytes, view_base
 
 __all__ = ["RooflineEstimator", "Rates", "DATASHEET", "device_rates", "measure_rates", "datasheet_rates"]
@@ -110,8 +110,13 @@ class RooflineEstimator(Estimator):
         reading = readers(node)
         before = [r for r in reading if r in forward]
         later = [r for r in reading if r not in forward]
-        written = bool(before) and (not self.fuse or stored_bytes(node, before, True) > 0)
-        fused_later = self.fuse and bool(later) and stored_bytes(node, later, True) == 0
+        # A reader that lays out its inputs itself (fused attention reading a repeated key)
+        # computes an unstored value into a copy of its own: the forward writes those bytes
+        # anyway, and a backward reader of that kind, fed the saved value, makes no copy.
+        written = bool(before) and (not self.fuse or stored_bytes(node, before, True) > 0
+                                    or any(copies_inputs(r) for r in before))
+        fused_later = (self.fuse and bool(later) and stored_bytes(node, later, True) == 0
+                       and not any(copies_inputs(r) for r in later))
         passes = (0 if written else 1) + (1 if fused_later else 0)
         return storage_bytes(out) * passes / self._rates(out.device).bandwidth
 

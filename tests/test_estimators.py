@@ -397,3 +397,48 @@ def test_flops_are_counted_once_per_call_signature_and_tell_shapes_and_arguments
     assert counts[:3] == [2 * 16 * 16 * 16] * 2 + [2 * 16 * 16 * 64]
     assert counts[3] > counts[4] > 0  # stride 2 makes fewer outputs: the stride is in the signature
     assert len(flops._COUNTED) == 4
+
+
+class _RepeatedKeys(torch.nn.Module):
+    """Grouped-query attention as transformers writes it: keys and values repeated per query
+    head (``expand`` then ``reshape``, a copy) and read by fused attention alone."""
+
+    def __init__(self, d=32, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, d // heads
+        self.q = torch.nn.Linear(d, d, bias=False)
+        self.kv = torch.nn.Linear(d, 2 * kv_heads * self.head_dim, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        rep = self.heads // self.kv_heads
+        k, v = (t[:, :, None].expand(b, self.kv_heads, rep, s, self.head_dim).reshape(b, self.heads, s, self.head_dim)
+                for t in (k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+
+def test_a_value_laid_out_by_fused_attention_is_free_to_save_and_costs_its_copy_to_recompute():
+    from planner.bounds import runtime_optimal_plan
+    from planner.build import build_problem
+    from planner.memory import copies_inputs, readers
+    from planner.tracing import capture
+
+    torch.manual_seed(0)
+    joint = capture(_RepeatedKeys(), (torch.randn(2, 16, 32),), codegen="inductor")
+    est = RooflineEstimator(flops_per_second=1e30, bytes_per_second=1.0)  # seconds == bytes moved
+    problem = build_problem(joint, est, fuse=True)
+    forward = list(joint.forward_nodes)
+    repeated = [i for i, node in enumerate(forward) if node.target == torch.ops.aten.clone.default
+                and readers(node) and all(copies_inputs(r) for r in readers(node))]
+    assert len(repeated) == 2  # the repeated keys and values, read by the attention and its backward
+    nbytes = 2 * 4 * 16 * 8 * 4
+    for i in repeated:
+        # Inductor computes the copy for the attention in the forward whether or not it is saved,
+        # and the attention's backward reads a saved copy as it is: saving moves no more bytes.
+        # Recomputed, the backward makes the copy again.
+        assert problem.save_seconds[i] == 0.0
+        assert problem.runtime[i] >= nbytes
+    fast = runtime_optimal_plan(problem)
+    assert all(fast.saved[i] for i in repeated)
