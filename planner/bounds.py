@@ -174,10 +174,10 @@ def fast_end_plan(problem: Problem) -> Evaluation:
     estimated seconds of the fastest plan.
 
     The fastest plan keeps every value whose recomputation costs anything, however little: in
-    the Llama of ``bench/zoo.py`` (priced at H100 rates) the repeated keys and values of
-    grouped-query attention and fp32 copies of the residual stream, to save copy kernels of a
-    few microseconds; on the H100 that plan held 0.30 GiB more than torch.compile, the fast end
-    0.06 GiB. Without save costs (``flops``, ``constant``) saving is free, and it is the fastest
+    the Llama of ``bench/zoo.py`` (priced at H100 rates) fp32 copies of the residual stream,
+    among others, to save copy kernels of a few microseconds; on the H100 that plan held 0.30
+    GiB more than torch.compile, the fast end 0.06 GiB (measured before saving the repeated
+    keys and values of grouped-query attention was priced free, as it now is). Without save costs (``flops``, ``constant``) saving is free, and it is the fastest
     plan.
     """
     return _fast_end_plan(problem)
