@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from estimators.base import Estimator
 from planner.graph import JointGraph
-from planner.memory import build_schedule, constant_inlined, freed_output_roots
+from planner.memory import build_schedule, constant_inlined, convolutions_laid_out, freed_output_roots
 from planner.schedule import with_backward_beside, with_rest_of_step
 from planner.ops import aliased_input, first_tensor, is_getitem, is_random, side_effect, storage_bytes
 from planner.problem import Problem
@@ -51,7 +51,8 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     n = len(nodes)
     estimator.prepare(nodes)
     # library kernels' scratch memory, which the schedule counts
-    measure_workspaces((node for node in joint.graph.nodes if node.op == "call_function"), fuse=fuse)
+    measure_workspaces((node for node in joint.graph.nodes if node.op == "call_function"), fuse=fuse,
+                       channels_last=fuse and convolutions_laid_out([*joint.primals, *nodes]))
     nbytes = np.zeros(n, dtype=np.int64)
     runtime = np.zeros(n, dtype=np.float64)
     save_seconds = np.zeros(n, dtype=np.float64)

@@ -64,7 +64,8 @@ from planner.ops import aliased_input, is_getitem, storage_bytes, written_input
 from planner.schedule import Schedule
 from planner.workspace import workspace_bytes
 
-__all__ = ["Timeline", "simulate", "build_schedule", "storage_root", "layout_copies", "constant_inlined"]
+__all__ = ["Timeline", "simulate", "build_schedule", "storage_root", "layout_copies", "convolutions_laid_out", "constant_inlined",
+           "CONVOLUTIONS"]
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ def copies_inputs(node: fx.Node) -> bool:
         return False
     if _name(node.target) in _RNG_WRAPPERS:
         return True
-    if node.target in _CONVOLUTIONS or not library_kernel(node.target):
+    if node.target in CONVOLUTIONS or not library_kernel(node.target):
         return False
     from planner._torch_compat import inductor_fixes_layout
 
@@ -461,23 +462,29 @@ _LOWERED_POINTWISE = frozenset({"prims._low_memory_max_pool_offsets_to_indices.d
 # Scatters too: inductor's scatter kernel loads its index and source through their loaders, so
 # a pointwise producer (max pooling's indices, scattered into by its backward) is computed there.
 _RNG_WRAPPERS = frozenset({"run_with_rng_state", "run_and_save_rng_state"})  # planner._torch_compat's RNG ops
-_CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
+CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
 _INDEXING = (torch.ops.aten.gather.default, torch.ops.aten.embedding.default, torch.ops.aten.index.Tensor,
              torch.ops.aten._unsafe_index.Tensor, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter.src,
              torch.ops.aten.scatter.value)
+
+
+def convolutions_laid_out(nodes: list[fx.Node]) -> bool:
+    """Inductor lays out the convolutions of a training forward of ``nodes`` channels-last (its
+    layout optimisation, :func:`planner._torch_compat.inductor_layout_opt`); False without any."""
+    if not any(n.target is torch.ops.aten.convolution.default for n in nodes):
+        return False
+    from planner._torch_compat import inductor_layout_opt
+
+    return inductor_layout_opt(nodes)
 
 
 def layout_copies(nodes: list[fx.Node]) -> dict[fx.Node, int]:
     """Graph inputs that inductor copies to channels-last before a training forward of ``nodes``
     (placeholders and ops) runs, with the copies' bytes: the 4-D inputs and weights of its
     convolutions that are not channels-last already, when its layout optimisation is on."""
+    if not convolutions_laid_out(nodes):
+        return {}
     convs = [n for n in nodes if n.target is torch.ops.aten.convolution.default]
-    if not convs:
-        return {}
-    from planner._torch_compat import inductor_layout_opt
-
-    if not inductor_layout_opt(nodes):
-        return {}
     copies: dict[fx.Node, int] = {}
     for conv in convs:
         for arg in conv.args[:2]:

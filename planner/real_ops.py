@@ -96,6 +96,17 @@ def argument_specs(args: object) -> object:
     return tree_map(spec, args, is_leaf=lambda x: isinstance(x, fx.Node))
 
 
+def channels_last(specs: object) -> object:
+    """``specs`` (:func:`argument_specs`) with every 4-D tensor laid out channels-last."""
+    def lay_out(spec):
+        if isinstance(spec, TensorSpec) and len(spec.shape) == 4:
+            stride = torch.empty(spec.shape, device="meta").contiguous(memory_format=torch.channels_last).stride()
+            return TensorSpec(spec.shape, tuple(int(s) for s in stride), spec.dtype, spec.device)
+        return spec
+
+    return tree_map(lay_out, specs)
+
+
 def op_named(name: str) -> torch._ops.OpOverload:
     """The ATen operator overload called ``name`` (``str(op)``, e.g. ``aten.mm.default``)."""
     namespace, op, overload = name.split(".")

@@ -13,7 +13,7 @@ from estimators import get_estimator
 from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.build import build_problem
 from planner.emit import emit
-from planner.memory import simulate
+from planner.memory import convolutions_laid_out, simulate
 from planner.problem import memory_profile
 from planner.real_ops import argument_specs, run_in_child
 from tests.models import MODELS
@@ -25,6 +25,16 @@ def three_mib(call, device):
     """A stand-in measurer for CPU tests: runs the call and reports 3 MiB of scratch."""
     call()
     return SCRATCH
+
+
+def by_layout(call, device):
+    """A stand-in measurer for CPU tests: 5 MiB of scratch for a convolution (or its backward)
+    whose first output (a backward's first it computes) is laid out channels-last, 3 MiB for
+    any other call."""
+    out = call()
+    first = next(o for o in out if o is not None) if isinstance(out, (tuple, list)) else out
+    laid_out = first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last) and not first.is_contiguous()
+    return 5 << 20 if laid_out else SCRATCH
 
 
 def crash_on_batched(call, device):
@@ -40,6 +50,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(workspace, "_BYTES", {})
     monkeypatch.setattr(workspace, "_FAILED", {})
     monkeypatch.setattr(workspace, "_LOADED", set())
+    monkeypatch.setattr(workspace, "_LAID_OUT", {})
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     return monkeypatch
 
@@ -72,7 +83,9 @@ def test_scratch_is_alive_at_its_kernels_step_in_the_simulation_and_the_solvers_
     # no recomputation at the fast end: the schedule's bound is the simulation, scratch included
     assert bound_before == before.peak and bound_after == after.peak > before.peak
     # measured once per signature: a second graph of the same ops runs nothing
-    assert workspace.measure_workspaces(n for n in planner.capture(*MODELS["cnn"](), codegen="inductor").graph.nodes) == 0
+    again = planner.capture(*MODELS["cnn"](), codegen="inductor")
+    laid_out = convolutions_laid_out([*again.primals, *again.forward_nodes])  # as the problem's build decides
+    assert workspace.measure_workspaces(again.graph.nodes, channels_last=laid_out) == 0
 
 
 def test_a_kernel_that_crashes_its_measuring_process_is_reported_and_the_rest_measured():
@@ -130,3 +143,23 @@ def test_a_plans_summary_says_what_scratch_memory_it_counted(fresh):
     summary = planner.plan(model, inputs, config=config).summary()
     line = next(line for line in summary.splitlines() if line.startswith("library scratch"))
     assert "with scratch memory (largest 3.00 MiB, aten.convolution" in line, line
+
+
+def test_convolutions_that_inductor_lays_out_channels_last_are_measured_so(fresh):
+    """The traced graph's tensors are contiguous; inductor's layout optimisation runs the
+    convolutions channels-last, forward and backward, and their scratch is measured that way,
+    under a key of its own (a contiguous measurement of the same op is not reused)."""
+    from planner.memory import CONVOLUTIONS
+
+    fresh.setattr(workspace, "_DEVICES", {"cpu": "tests.test_workspace:by_layout"})
+    model, inputs = MODELS["cnn"]()
+    joint = planner.capture(model, inputs, codegen="inductor")
+    convs = [n for n in joint.graph.nodes if n.target in CONVOLUTIONS]
+    assert {n.target for n in convs} == set(CONVOLUTIONS)
+    for laid_out, scratch in ((False, SCRATCH), (True, 5 << 20)):
+        workspace.measure_workspaces(joint.graph.nodes, channels_last=laid_out)
+        assert {workspace.workspace_bytes(n) for n in convs} == {scratch}
+    keys = workspace.measured_workspaces()
+    assert sum(key.endswith(workspace.CHANNELS_LAST) for key in keys) == len({workspace._LAID_OUT[k] for k in workspace._LAID_OUT})
+    # the planner decides it as inductor does: on a CPU with oneDNN, convolutions are channels-last
+    assert convolutions_laid_out([*joint.primals, *joint.forward_nodes]) == torch.backends.mkldnn.is_available()
