@@ -63,9 +63,10 @@ class PlannerConfig:
         ``torch.compile`` saves at its default ``activation_memory_budget``) has a lower peak by
         the planner's memory model, that peak: the solver then finds the fastest plan holding no
         more than PyTorch would, and at budget 1.0 itself the plan is PyTorch's split unless the
-        solver's holds more than 3% less, the two plans' modules simulated
-        (:func:`planner.compiler.prefer_pytorch_split`: the estimates cannot tell plans closer
-        than that apart; ``Decision.stats["fast_end_choice"]``
+        solver's holds more than 3% less, the two plans' modules simulated, and is not
+        estimated slower (:func:`planner.compiler.prefer_pytorch_split`: the estimates cannot
+        tell plans closer than that apart, and 1.0 buys no memory with time;
+        ``Decision.stats["fast_end_choice"]``
         says when the split was taken). A split so taken is PyTorch's partitioner's own forward
         and backward, compiled as ``torch.compile`` compiles them
         (:func:`planner.compiler.compiles_as_pytorch`), so budget 1.0's step is torch.compile's
