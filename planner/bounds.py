@@ -177,8 +177,8 @@ def fast_end_plan(problem: Problem) -> Evaluation:
     the Llama of ``bench/zoo.py`` (priced at H100 rates) fp32 copies of the residual stream,
     among others, to save copy kernels of a few microseconds; on the H100 that plan held 0.30
     GiB more than torch.compile, the fast end 0.06 GiB (measured before saving the repeated
-    keys and values of grouped-query attention was priced free, as it now is). Without save costs (``flops``, ``constant``) saving is free, and it is the fastest
-    plan.
+    keys and values of grouped-query attention was priced free, as it now is). Without save
+    costs (``flops``, ``constant``) saving is free, and it is the fastest plan.
     """
     return _fast_end_plan(problem)
 

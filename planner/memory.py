@@ -64,8 +64,8 @@ from planner.ops import aliased_input, is_getitem, storage_bytes, written_input
 from planner.schedule import Schedule
 from planner.workspace import workspace_bytes
 
-__all__ = ["Timeline", "simulate", "build_schedule", "storage_root", "layout_copies", "convolutions_laid_out", "constant_inlined",
-           "CONVOLUTIONS"]
+__all__ = ["Timeline", "simulate", "build_schedule", "storage_root", "layout_copies", "convolutions_laid_out",
+           "constant_inlined", "CONVOLUTIONS"]
 
 
 @dataclass(frozen=True)

@@ -59,8 +59,14 @@ def workspace_bytes(node: fx.Node, fuse: bool = True) -> int:
     call = _library_call(node, fuse)
     if call is None:
         return 0
+    return _BYTES.get(_measured_key(node, call), 0)
+
+
+def _measured_key(node: fx.Node, call: tuple) -> str:
+    """The key ``node``'s library call was measured under: its signature, or for a convolution
+    measured channels-last, that signature's own key."""
     key = signature(node, *call)
-    return _BYTES.get(_LAID_OUT.get(key, key), 0)
+    return _LAID_OUT.get(key, key)
 
 
 def measured_workspaces() -> dict[str, int]:
@@ -81,8 +87,7 @@ def scratch_summary(nodes: Iterable[fx.Node], fuse: bool = True) -> str | None:
     for node in nodes:
         call = _library_call(node, fuse)
         if call is not None:
-            key = signature(node, *call)
-            kernels[_LAID_OUT.get(key, key)] = node
+            kernels[_measured_key(node, call)] = node
     if not kernels:
         return None
     sizes = {key: _BYTES.get(key, 0) for key in kernels}
