@@ -233,4 +233,7 @@ def plan_settings(config: PlannerConfig) -> dict[str, Any]:
             "estimator_options": dict(config.estimator_options), "fast_end": config.fast_end,
             # offloading settings only where they are on, so plan files from before them still match
             **({"offload": config.offload, "offload_bandwidth": config.offload_bandwidth,
-                "offload_min_bytes": config.offload_min_bytes} if config.offload != "off" else {})}
+                "offload_min_bytes": config.offload_min_bytes,
+                # the host bound only where it is set, so plan files from before it still match
+                **({"offload_host_bytes": config.offload_host_bytes} if config.offload_host_bytes is not None else {})}
+               if config.offload != "off" else {})}

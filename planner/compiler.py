@@ -311,12 +311,13 @@ def auto_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, sol
     fast = runtime_optimal_plan(problem)
     if fast.peak_bytes > budget and fast.seconds < decision.seconds:
         moved = offload.offloaded_decision(joint, problem, solver.solve(problem, fast.peak_bytes), runtime, budget,
-                                           link, config.offload_min_bytes)
+                                           link, config.offload_min_bytes, config.offload_host_bytes)
         if moved.peak_bytes <= budget and moved.seconds < decision.seconds:
             note = {**moved.stats["offload"], "plan": "the fastest plan, offloaded under the budget",
                     "seconds_without_offload": decision.seconds}
             return replace(moved, budget_bytes=budget, stats={**moved.stats, "offload": note})
-    kept = offload.offloaded_decision(joint, problem, decision, runtime, 0, link, config.offload_min_bytes)
+    kept = offload.offloaded_decision(joint, problem, decision, runtime, 0, link, config.offload_min_bytes,
+                                      config.offload_host_bytes)
     return replace(kept, stats={**kept.stats, "offload": {**kept.stats["offload"], "plan": "the budget's plan"}})
 
 

@@ -80,6 +80,10 @@ class PlannerConfig:
     offload_bandwidth : bytes per second of one direction of the host link; ``None`` measures
         pinned copies on the device once per process.
     offload_min_bytes : the smallest value worth offloading (default 1 MiB).
+    offload_host_bytes : the most host memory the step's offloaded values may hold (an int of
+        bytes or a size such as ``"32GiB"``); ``None`` (default): no bound. Every offloaded
+        value is in host memory at the end of the forward (its copy to host is done by then,
+        its copy back not begun), so this bounds the sum of their bytes.
     replan : plan a compiled graph again once a training step has run, for what the step showed
         (the times the graph ran before its backward; what the graphs after it needed while its
         saved values waited), compiling it again where the plan changes
@@ -100,6 +104,7 @@ class PlannerConfig:
     offload: str = "off"
     offload_bandwidth: float | None = None
     offload_min_bytes: int = 1 << 20
+    offload_host_bytes: int | str | None = None
 
     def __post_init__(self) -> None:
         from estimators import available_estimators
@@ -120,6 +125,7 @@ class PlannerConfig:
         if isinstance(self.offload_min_bytes, bool) or not isinstance(self.offload_min_bytes, int) \
                 or self.offload_min_bytes < 0:
             raise ConfigError(f"offload_min_bytes={self.offload_min_bytes!r} is invalid; give a non-negative int of bytes")
+        object.__setattr__(self, "offload_host_bytes", _host_bytes(self.offload_host_bytes))
         if self.time_limit != "auto" and (isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float))
                                           or not self.time_limit > 0):
             raise ConfigError(f"time_limit={self.time_limit!r} is invalid; give a positive number of seconds or \"auto\"")
@@ -208,3 +214,20 @@ class PlannerConfig:
 def _check_choice(name: str, value: Any, allowed: list[str]) -> None:
     if value not in allowed:
         raise ConfigError(f"{name}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+
+
+def _host_bytes(value: Any) -> int | None:
+    """``offload_host_bytes`` as bytes (None: no bound), from an int or a size such as ``"32GiB"``."""
+    from planner.units import parse_size
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError as err:
+            raise ConfigError(f"offload_host_bytes={value!r} is invalid: {err}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"offload_host_bytes={value!r} is invalid; give a non-negative int of bytes, a size such "
+                          "as '32GiB', or leave it unset for no bound")
+    return value

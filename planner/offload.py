@@ -125,15 +125,16 @@ def _seconds(nbytes: int, bytes_per_second: float) -> float:
 
 def choose_offloads(joint: JointGraph, problem: Problem, saved: Iterable[str], runtime: Callable[[fx.Node], float],
                     target_bytes: int, bytes_per_second: float = LINK_BYTES_PER_SECOND,
-                    min_bytes: int = 1 << 20) -> tuple[tuple[str, ...], Placement, int]:
+                    min_bytes: int = 1 << 20, host_bytes: int | None = None) -> tuple[tuple[str, ...], Placement, int]:
     """Saved values to offload so that the plan's peak falls to ``target_bytes`` or as near as
     it gets, with no link time left unhidden: ``(offloaded, placement, peak_bytes)``.
 
     Greedy, largest value first: a value is kept if, with every copy placed again, the link
     still hides every copy and the memory profile improves: the peak does not rise and the
     bytes summed over the steps fall (the peak may sit where several values are held at once). Values
-    of fewer than ``min_bytes`` are left on the device. A heuristic: it proves nothing about
-    the best set.
+    of fewer than ``min_bytes`` are left on the device, and none is taken that would bring the
+    offloaded bytes over ``host_bytes`` (all of them are in host memory at the end of the
+    forward; None: no bound). A heuristic: it proves nothing about the best set.
     """
     from planner.emit import offloadable
 
@@ -145,15 +146,19 @@ def choose_offloads(joint: JointGraph, problem: Problem, saved: Iterable[str], r
     placement = Placement({}, 0.0)
     plan = evaluate_names(problem, saved)
     best = _peak_and_area(problem, plan, chosen, placement)
+    room = float("inf") if host_bytes is None else host_bytes
     for name in candidates:
         if best[0] <= target_bytes:
             break
+        size = int(problem.nbytes[problem.index([name])[0]])
+        if size > room:
+            continue
         trial = place_transfers(joint, problem, [*chosen, name], runtime, bytes_per_second)
         if trial.stall_seconds > 0:
             continue
         found = _peak_and_area(problem, plan, [*chosen, name], trial)
         if found[0] <= best[0] and found < best:
-            chosen, placement, best = [*chosen, name], trial, found
+            chosen, placement, best, room = [*chosen, name], trial, found, room - size
     return tuple(chosen), placement, best[0]
 
 
@@ -165,14 +170,16 @@ def _peak_and_area(problem: Problem, plan, offloaded: list[str], placement: Plac
 
 
 def offloaded_decision(joint: JointGraph, problem: Problem, decision: Decision, runtime: Callable[[fx.Node], float],
-                       target_bytes: int, bytes_per_second: float, min_bytes: int) -> Decision:
-    """``decision`` with the offloads :func:`choose_offloads` picks towards ``target_bytes``: its
-    peak is the profile's with them, and ``stats["offload"]`` says what was offloaded."""
+                       target_bytes: int, bytes_per_second: float, min_bytes: int,
+                       host_bytes: int | None = None) -> Decision:
+    """``decision`` with the offloads :func:`choose_offloads` picks towards ``target_bytes``
+    (within ``host_bytes`` of host memory): its peak is the profile's with them, and
+    ``stats["offload"]`` says what was offloaded."""
     chosen, placement, peak = choose_offloads(joint, problem, decision.saved, runtime, target_bytes, bytes_per_second,
-                                              min_bytes)
+                                              min_bytes, host_bytes)
     moved = int(problem.nbytes[problem.index(chosen)].sum()) if chosen else 0
     note = {"offloaded": len(chosen), "offloaded_bytes": moved, "peak_bytes_on_device_alone": decision.peak_bytes,
-            "bytes_per_second": bytes_per_second}
+            "bytes_per_second": bytes_per_second, "host_bytes_limit": host_bytes}
     return replace(decision, offloaded=chosen, transfers=placement.as_decision(), peak_bytes=peak,
                    stats={**decision.stats, "offload": note})
 

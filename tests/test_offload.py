@@ -208,6 +208,16 @@ def test_the_chosen_offloads_fit_the_link_and_never_raise_the_peak():
     slow, _, slow_peak = choose_offloads(joint, problem, decision.saved, runtime, 0, 1e6, min_bytes=1)
     assert len(fast) > len(slow) and fast_peak < before  # a link that hides every copy offloads more
 
+    # host memory bounds the bytes offloaded (all of them are on the host at the forward's end)
+    def host(names):
+        return int(problem.nbytes[problem.index(list(names))].sum()) if names else 0
+
+    for limit in (0, host(fast) // 2, host(fast)):
+        bounded, _, _ = choose_offloads(joint, problem, decision.saved, runtime, 0, 1e12, min_bytes=1, host_bytes=limit)
+        assert host(bounded) <= limit and set(bounded) <= set(fast) | set(offloaded)
+        assert bool(bounded) == (limit > 0)
+    assert choose_offloads(joint, problem, decision.saved, runtime, 0, 1e12, min_bytes=1, host_bytes=host(fast))[0] == fast
+
 
 def test_offload_auto_on_a_cpu_offloads_nothing_and_says_why():
     model, inputs = MODELS["gpt"]()
@@ -240,7 +250,19 @@ def test_offload_auto_trades_recomputation_for_copies_the_link_hides(monkeypatch
 
 @pytest.mark.parametrize("settings, message", [({"offload": "always"}, "offload='always' is not allowed"),
                                                ({"offload_bandwidth": -1.0}, "offload_bandwidth=-1.0 is invalid"),
-                                               ({"offload_min_bytes": 1.5}, "offload_min_bytes=1.5 is invalid")])
+                                               ({"offload_min_bytes": 1.5}, "offload_min_bytes=1.5 is invalid"),
+                                               ({"offload_host_bytes": -1}, "offload_host_bytes=-1 is invalid"),
+                                               ({"offload_host_bytes": "lots"}, "offload_host_bytes='lots' is invalid")])
 def test_offload_settings_are_checked(settings, message):
     with pytest.raises(planner.ConfigError, match=message):
         planner.PlannerConfig(**settings)
+
+
+def test_the_host_bound_reads_sizes_and_a_plan_file_records_it_only_where_set():
+    from planner.api import plan_settings
+
+    assert planner.PlannerConfig(offload_host_bytes="2GiB").offload_host_bytes == 2 << 30
+    assert planner.PlannerConfig(offload_host_bytes=4096).offload_host_bytes == 4096
+    on = planner.PlannerConfig(offload="auto", offload_host_bytes="1GiB")
+    assert plan_settings(on)["offload_host_bytes"] == 1 << 30
+    assert "offload_host_bytes" not in plan_settings(planner.PlannerConfig(offload="auto"))
