@@ -140,8 +140,9 @@ def choose_offloads(joint: JointGraph, problem: Problem, saved: Iterable[str], r
 
     saved = tuple(saved)
     by_name = {n.name: n for n in joint.graph.nodes}
-    candidates = sorted((n for n in saved if offloadable(by_name[n], min_bytes)),
-                        key=lambda n: -problem.nbytes[problem.index([n])[0]])
+    offloadable_names = [n for n in saved if offloadable(by_name[n], min_bytes)]
+    sizes = dict(zip(offloadable_names, problem.nbytes[problem.index(offloadable_names)].tolist()))
+    candidates = sorted(offloadable_names, key=lambda n: -sizes[n])
     chosen: list[str] = []
     placement = Placement({}, 0.0)
     plan = evaluate_names(problem, saved)
@@ -150,7 +151,7 @@ def choose_offloads(joint: JointGraph, problem: Problem, saved: Iterable[str], r
     for name in candidates:
         if best[0] <= target_bytes:
             break
-        size = int(problem.nbytes[problem.index([name])[0]])
+        size = sizes[name]
         if size > room:
             continue
         trial = place_transfers(joint, problem, [*chosen, name], runtime, bytes_per_second)

@@ -177,11 +177,15 @@ UNKNOWN_OP = "unknown operator"  # a job's op is not registered in the measuring
 
 
 def measurement_job(key: str, target: object, args: tuple, kwargs: dict, device: torch.device, measurer: str,
-                    **options: object) -> tuple:
+                    laid_out: bool = False, **options: object) -> tuple:
     """A job for :func:`run_in_child`: ``measurer`` (``"module:function"``) called on a call of
-    ``target`` with random tensors of the metadata of ``args`` and ``kwargs`` (nodes among them),
-    the device, and ``options``."""
-    return key, str(target), argument_specs(args), argument_specs(kwargs), str(device), measurer, options
+    ``target`` with random tensors of the metadata of ``args`` and ``kwargs`` (nodes among them;
+    with ``laid_out``, their 4-D tensors channels-last, :func:`channels_last`), the device, and
+    ``options``."""
+    specs, keywords = argument_specs(args), argument_specs(kwargs)
+    if laid_out:
+        specs, keywords = channels_last(specs), channels_last(keywords)
+    return key, str(target), specs, keywords, str(device), measurer, options
 
 
 def cannot_run(err: Exception) -> str:

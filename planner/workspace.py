@@ -38,8 +38,8 @@ import torch.fx as fx
 from planner import _torch_compat
 from planner.cache import default_cache_dir
 from planner.ops import aliased_input, is_getitem, side_effect, written_input
-from planner.real_ops import (cache_file, channels_last, measurement_job, merge_into_cache, read_cache, run_in_child,
-                              signature, unrunnable)
+from planner.real_ops import (cache_file, measurement_job, merge_into_cache, read_cache, run_in_child, signature,
+                              unrunnable)
 from planner.units import format_bytes
 
 __all__ = ["measure_workspaces", "workspace_bytes", "measured_workspaces", "failed_workspaces", "scratch_summary"]
@@ -112,13 +112,13 @@ def measure_workspaces(nodes: Iterable[fx.Node], cache_dir: str | Path | None = 
     ``channels_last``: inductor lays the graph's convolutions out channels-last (its layout
     optimisation, :func:`planner.memory.convolutions_laid_out`). They then run so, forward and
     backward (the backward's read the forward's channels-last activations), though the traced
-    graph's tensors are contiguous: they are measured channels-last, under their own key. cuDNN picks its
-    algorithm, and with it its workspace, by the layout: on an H200, a convolution backward of
-    timm's MobileNetV3 allocated a 93.75 MiB block at the measured peak that the model measured
-    contiguous had not counted."""
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    graph's tensors are contiguous: they are measured channels-last, under their own key. cuDNN
+    picks its algorithm, and with it its workspace, by the layout: on an H200, a convolution
+    backward of timm's MobileNetV3 allocated a 93.75 MiB block at the measured peak that the
+    model measured contiguous had not counted."""
     from planner.memory import CONVOLUTIONS  # the memory model reads this module's figures
 
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     todo: dict[str, tuple[fx.Node, tuple]] = {}
     for node in nodes:
         call = _library_call(node, fuse)
@@ -218,10 +218,7 @@ def _job(key: str, node: fx.Node, target: Callable, args: tuple, kwargs: dict) -
     if reason is not None:
         return reason
     device = _device(node)
-    job = measurement_job(key, target, args, kwargs, device, _DEVICES[device.type])
-    if key.endswith(CHANNELS_LAST):
-        name, specs, keywords, *rest = job[1:]
-        job = (key, name, channels_last(specs), channels_last(keywords), *rest)
-    return job
+    return measurement_job(key, target, args, kwargs, device, _DEVICES[device.type],
+                           laid_out=key.endswith(CHANNELS_LAST))
 
 
