@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -76,16 +77,47 @@ def step_times(run, params, batch, steps: int) -> list[float]:
 def retime(runs: list, batch, rounds: int, steps: int) -> list[float]:
     """Median step time (ms) of each ``(run, params)`` in ``runs``, timed again together.
 
-    ``rounds`` passes each take one untimed step and then ``steps`` timed steps of every run in
-    turn, so a drift of the GPU's clocks or temperature during a long benchmark falls on every
-    run alike instead of on whichever ran at the time.
+    ``rounds`` passes each take one untimed step of every run, then ``steps`` sweeps of one
+    timed step of every run in turn, the order reversed every other sweep. A drift of the GPU's
+    clocks or of the host's speed (at the zoo's sizes the host's launches take most of a step,
+    and the same compiled step was timed 17 and 38 ms apart minutes apart on an H100 machine)
+    then falls on every run alike instead of on whichever ran at the time.
     """
     times: list[list[float]] = [[] for _ in runs]
+    order = list(zip(times, runs))
     for _ in range(rounds):
-        for mine, (run, params) in zip(times, runs):
+        for _, (run, params) in order:
             step_times(run, params, batch, 1)
-            mine.extend(step_times(run, params, batch, steps))
+        for sweep in range(steps):
+            for mine, (run, params) in (order if sweep % 2 == 0 else order[::-1]):
+                mine.extend(step_times(run, params, batch, 1))
     return [statistics.median(t) for t in times]
+
+
+def kernel_and_host(run, params, batch, steps: int = 3) -> dict:
+    """Where a step's time goes: ``kernel_ms``, the GPU's busy time per step (kernels, copies and
+    fills as the profiler records them, over ``steps`` steps), and ``host_ms``, the median time
+    the host takes to launch a step (from the call until ``backward()`` returns, the GPU idle at
+    the start). Where ``host_ms`` is most of the step time, the step is bound by the host: the
+    GPU waits on launches, and two steps of the same kernels time apart by the host's noise."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    hosts = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        run(*batch).backward()
+        hosts.append(1e3 * (time.perf_counter() - start))
+        torch.cuda.synchronize()
+        _clear(params)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run(*batch).backward()
+            _clear(params)
+        torch.cuda.synchronize()
+    busy = sum(e.device_time for e in prof.events() if e.device_type == DeviceType.CUDA)  # microseconds
+    return {"kernel_ms": busy / 1e3 / steps, "host_ms": statistics.median(hosts)}
 
 
 def _clear(params) -> None:

@@ -130,3 +130,19 @@ def test_zoo_target_a_quotes_the_tensors_requested_peaks_beside_the_allocated_on
     assert "requested peaks 1.0000 against 1.0000 GiB" in line
     del rows[0]["peak_requested_bytes"]  # runs from before the field: no such clause
     assert "requested" not in zoo_targets(rows)[0]
+
+
+def test_zoo_target_a_says_when_the_hosts_launches_bound_the_steps():
+    from bench.zoo import targets as zoo_targets
+
+    rows = [{"model": "m", "method": "torch.compile", "budget": 1.0, "peak_activation_bytes": 100, "step_ms": 10.0,
+             "kernel_ms": 8.0, "host_ms": 9.5},
+            {"model": "m", "method": "planner", "budget": 1.0, "peak_activation_bytes": 100, "step_ms": 10.4,
+             "kernel_ms": 8.0, "host_ms": 9.9}]
+    line = zoo_targets(rows)[0]
+    assert line.startswith("(a) NOT met") and "GPU busy 1.000x" in line
+    assert "launches 9.9 of 10.4 ms: bound by the host" in line
+    for row in rows:
+        row["host_ms"] = 2.0  # the GPU's work sets the step: no such clause
+    line = zoo_targets(rows)[0]
+    assert "GPU busy 1.000x" in line and "host" not in line
