@@ -323,6 +323,17 @@ def refuse_far_fusions(scheduler: Any, nodes: list, limit: int, counts: Any) -> 
     scheduler.can_fuse = near_only
 
 
+def no_matmul_padding() -> dict[str, Any]:
+    """Inductor settings that keep its joint-graph passes from padding matrix products
+    (``shape_padding``): where a product's sizes are not multiples of the tensor cores' tile,
+    inductor times the product padded and unpadded on the device while it compiles and, where
+    padded is faster, pads the operands with copies that the graph then holds. Empty where this
+    inductor has no such setting."""
+    import torch._inductor.config as inductor_config
+
+    return {"shape_padding": False} if hasattr(inductor_config, "shape_padding") else {}
+
+
 def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
     """Whether inductor lays out a training forward graph of ``nodes`` channels-last (its layout
     optimisation, decided by ``GraphLowering.decide_layout_opt``, which reads only the graph's

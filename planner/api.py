@@ -202,7 +202,7 @@ def plan(
     if isinstance(memory_budget, PlannerConfig) and config is None:  # plan(model, inputs, config)
         memory_budget, config = None, memory_budget
     config = (config or PlannerConfig()).replace(memory_budget=memory_budget, solver=solver, estimator=estimator)
-    joint = capture(model, as_inputs(example_inputs), codegen=config.codegen, inductor_options=config.inductor_options)
+    joint = capture(model, as_inputs(example_inputs), codegen=config.codegen, inductor_options=config.inductor_settings())
     # every rank takes rank 0's view of the file, so all of them replay it or all solve together
     if plan_file is not None and from_rank0(Path(plan_file).exists):
         stored = read_plan_file(plan_file)

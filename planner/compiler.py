@@ -523,7 +523,7 @@ class PlannerBackend:
         # fusions inductor would have made in the planned backwards that the compile guard refused
         # (planner._torch_compat.fusion_distance_guard), over every graph compiled so far
         self.fusions_refused = SimpleNamespace(refused=0, refused_across=0)
-        self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_options,
+        self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_settings(),
                                                self.fusions_refused)
 
     def partition(self, joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):

@@ -138,6 +138,36 @@ def test_inductor_options_reach_inductor_and_unknown_ones_are_refused(pooled):
         torch.compile(model, backend=bad)(*inputs)
 
 
+@pytest.mark.parametrize("budget, options, padding", [(0.0, {}, False), (0.5, {}, True),
+                                                      (0.0, {"shape_padding": True}, True)])
+def test_budget_zero_plans_graphs_inductor_pads_no_matrix_products_in(monkeypatch, budget, options, padding):
+    """Inductor times each pad on the device while compiling, so a padded graph's least peak
+    changed from run to run; at budget 0 the graph is captured and compiled without pads, unless
+    ``inductor_options`` say otherwise."""
+    import planner.api
+    import planner.compiler
+
+    seen = []
+    real_solve, real_capture = planner.compiler.solve_graph, planner.api.capture
+
+    def solve(*args, **kwargs):  # runs inside inductor's compile, under the planner's settings
+        seen.append(torch._inductor.config.shape_padding)
+        return real_solve(*args, **kwargs)
+
+    def capture(*args, **kwargs):
+        seen.append(kwargs["inductor_options"].get("shape_padding", True))
+        return real_capture(*args, **kwargs)
+
+    monkeypatch.setattr(planner.compiler, "solve_graph", solve)
+    monkeypatch.setattr(planner.api, "capture", capture)
+    assert torch._inductor.config.shape_padding  # inductor's default, which torch.compile keeps
+    model, inputs = MODELS["mlp"]()
+    settings = dict(memory_budget=budget, solver="greedy", codegen="inductor", inductor_options=options)
+    torch.compile(model, backend=planner.backend(**settings))(*inputs).sum().backward()
+    planner.plan(model, inputs, config=planner.PlannerConfig(**settings))
+    assert seen == [padding, padding]
+
+
 def test_pytorch_partition_splits_a_joint_graph():
     model, inputs = MODELS["mlp"]()
     joint = planner.capture(model, inputs)
