@@ -32,7 +32,6 @@ from bench import fastest_within, merge_runs, save_rows
 RESULTS = Path(__file__).parent / "results"
 GIB = 2**30
 TORCH_BUDGETS = [1.0, 0.5, 0.2, 0.0]
-HOST_BOUND = 0.8  # a step whose launches take this share of its time waits on the host
 BUDGETS = [1.0, 0.5, 0.2, 0.0]
 HOST_BOUND = 0.8  # a step whose launches take this share of its time waits on the host
 
