@@ -74,11 +74,13 @@ class Timeline:
 
     ``steps[k]`` is ``(phase, node name, bytes)`` with phase ``"forward"`` or ``"backward"``;
     ``at_peak`` lists the storages alive at the (first) peak step as ``(phase, node name, bytes)``,
-    for finding what the simulation counts there (``bench/gpu_trace.py``).
+    for finding what the simulation counts there (``bench/gpu_trace.py``); ``saved_at_peak`` names
+    the forward's saved values (its outputs after the caller's) alive there.
     """
 
     steps: tuple[tuple[str, str, int], ...]
     at_peak: tuple[tuple[str, str, int], ...] = field(default=(), compare=False, repr=False)
+    saved_at_peak: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def peak(self) -> int:
@@ -517,7 +519,9 @@ def simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs:
     walk.run(backward, "backward", keep=_outputs(backward), carried=carried, held=held)
     at_peak = tuple(sorted(((key[0], "/".join(map(str, key[1:])), walk.size[key]) for key in walk.peak_live),
                            key=lambda item: -item[2]))
-    return Timeline(tuple(walk.steps), at_peak)
+    saved_at_peak = tuple(out.name for out, keys in zip(fwd_out[num_fwd_outputs:], saved_keys)
+                          if not walk.peak_live.isdisjoint(keys))
+    return Timeline(tuple(walk.steps), at_peak, saved_at_peak)
 
 
 def _outputs(gm: fx.GraphModule, raw: bool = False) -> list:

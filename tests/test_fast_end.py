@@ -356,3 +356,17 @@ def test_budget_zero_keeps_only_the_polish_saves_that_leave_the_predicted_peak_w
     assert hurried["simulations"] <= 2 and hurried["unchecked"] > 0 and fits(hurried["added"])
     untouched = least_peak_polish(joint, problem, replace(decision, stats={**decision.stats, "polish": {"added": []}}))
     assert untouched.saved == decision.saved
+
+    # saves that keep the schedule's peak within the budget, as the sweeps make them, one of which
+    # raises the simulated peak: that one, alive at the raised peak, is dropped, the rest kept
+    def within_budget(names):
+        return evaluate_names(problem, base + tuple(names)).peak_bytes <= decision.budget_bytes
+
+    raiser = next(n for n in (problem.names[i] for i in costly) if within_budget([n]) and not fits([n]))
+    swept = harmless[:1] + [raiser] + harmless[1:]
+    assert within_budget(swept)
+    swept_plan = replace(decision, saved=base + tuple(swept),
+                         stats={**decision.stats, "polish": {"start": list(base), "added": swept}})
+    note = least_peak_polish(joint, problem, swept_plan).stats["polish"]
+    assert note["dropped"] == [raiser] and note["dropped_at_peak"] == 1 and note["added"] == harmless
+    assert note["simulations"] == 3  # the start's, all the saves', and all but the one dropped

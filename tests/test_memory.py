@@ -563,3 +563,15 @@ def test_fused_attention_copies_a_mask_inductor_has_not_stored(reads):
     _, (code, *_) = run_and_get_code(torch.compile(_masked_attentions, backend="inductor"), q, b, c)
     buffers = [line for line in code.splitlines() if "empty_strided" in line and "(2, 4, 64, 64)" in line]
     assert len(buffers) == (2 if reads == 1 else 1), code
+
+
+def test_the_timeline_names_the_saved_values_alive_at_its_peak():
+    """``saved_at_peak``: the forward's saved values among the storages alive at the peak step
+    (the budget-0 check drops those of the polish's saves first)."""
+    from planner.memory import storage_root
+
+    forward, timeline, _ = _simulated_and_counted(_forward, _backward)
+    saved = next(iter(forward.graph.find_nodes(op="output"))).args[0][1:]  # h, and r written in place
+    assert sum(nbytes for *_, nbytes in timeline.at_peak) == timeline.peak
+    alive = {name for phase, name, _ in timeline.at_peak if phase == "forward"}
+    assert {n.name for n in saved if storage_root(n).name in alive} == set(timeline.saved_at_peak) == {"mm", "add_"}
