@@ -206,7 +206,7 @@ def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, f
     dropped, and the search goes on after it. At most ``checks`` simulations
     (:data:`POLISH_CHECKS`); only saves seen to fit are kept. ``stats["polish"]`` says what was
     kept and dropped (``dropped_at_peak``: how many of the dropped were alive at a simulated
-    peak), the peaks, and the simulations run. On timm's ResNet-50 at budget 0 (captured on a
+    peak; ``at_peak_stop``: why that stopped), the peaks, and the simulations run. On timm's ResNet-50 at budget 0 (captured on a
     CPU, H100 datasheet rates) the sweeps' 61 saves came to 3216 us of estimated recomputation
     from 4581: bisection kept 26 of them in 13 simulations (3948 us), dropping those alive at the
     peak keeps 57 in 3 (3247 us)."""
@@ -226,18 +226,22 @@ def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, f
         runs[0] += 1
         return simulated_timeline(joint, problem, base + tuple(saves), fuse)
 
-    kept, dropped, rest = [], [], added
-    while rest and runs[0] < checks and within_budget(rest):  # drop the saves alive at the simulated peak
+    kept, dropped, rest, stop = [], [], added, "out of checks"
+    while rest and runs[0] < checks:  # drop the saves alive at the simulated peak
+        if not within_budget(rest):
+            stop = "the schedule's peak over the budget"
+            break
         line = timeline(rest)
         if line.peak <= limit:
-            kept, rest = rest, []
+            kept, rest, stop = rest, [], "fits"
             break
-        alive = set(line.saved_at_peak).intersection(rest)
-        if not alive:
+        drop = _cheapest_losses(problem, base, rest, set(line.saved_at_peak).intersection(rest), line.peak - limit,
+                                decision.budget_bytes)
+        if not drop:
+            stop = "no save alive at the peak"
             break
-        for name in _cheapest_losses(problem, base, rest, alive, line.peak - limit):
-            dropped.append(name)
-            rest = [n for n in rest if n != name]
+        dropped += drop
+        rest = [n for n in rest if n not in drop]
     at_peak = len(dropped)
 
     def fits(saves: list[str]) -> bool:
@@ -265,23 +269,26 @@ def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, f
     if plan.seconds >= before.seconds:  # what fits gains nothing: the solver's answer stands
         plan, kept = before, []
     gap = None if decision.gap is None else relative_gap(plan.seconds, decision.seconds * (1 - decision.gap))
-    note = {**report, "added": kept, "kept": len(kept), "dropped": dropped, "dropped_at_peak": at_peak, "unchecked": unchecked,
+    note = {**report, "added": kept, "kept": len(kept), "dropped": dropped, "dropped_at_peak": at_peak,
+            "at_peak_stop": stop, "unchecked": unchecked,
             "objective_after": plan.seconds, "simulated_peak_before": limit, "simulations": 1 + runs[0],
             "check_seconds": round(time.perf_counter() - start, 3)}
     return _with_plan(problem, decision, plan, gap=gap, stats={**decision.stats, "polish": note})
 
 
-def _cheapest_losses(problem: Problem, base: tuple[str, ...], saves: list[str], alive: set[str], excess: int) -> list[str]:
+def _cheapest_losses(problem: Problem, base: tuple[str, ...], saves: list[str], alive: set[str], excess: int,
+                     budget_bytes: int) -> list[str]:
     """Of the saves in ``alive``, those to drop so that their bytes cover ``excess``: fewest
-    seconds lost per byte first (each loss measured with every other save kept)."""
+    seconds lost per byte first (each loss measured with every other save kept), leaving out a
+    save whose loss alone takes the schedule's peak over ``budget_bytes`` (its recomputation)."""
     now = evaluate_names(problem, base + tuple(saves)).seconds
-
-    def loss_per_byte(name: str) -> float:
-        rest = base + tuple(n for n in saves if n != name)
-        return (evaluate_names(problem, rest).seconds - now) / max(1, int(problem.nbytes[problem.index([name])[0]]))
-
+    costs = {}
+    for name in alive:
+        without = evaluate_names(problem, base + tuple(n for n in saves if n != name))
+        if without.peak_bytes <= budget_bytes:
+            costs[name] = (without.seconds - now) / max(1, int(problem.nbytes[problem.index([name])[0]]))
     chosen, covered = [], 0
-    for name in sorted(alive, key=lambda n: (loss_per_byte(n), saves.index(n))):
+    for name in sorted(costs, key=lambda n: (costs[n], saves.index(n))):
         chosen.append(name)
         covered += int(problem.nbytes[problem.index([name])[0]])
         if covered >= excess:

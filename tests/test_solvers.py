@@ -285,6 +285,33 @@ def test_polish_saves_recomputed_values_while_the_budget_holds_and_stops_at_its_
     assert late.seconds == frugal.seconds and late_report["stopped_by"] == "time limit"
 
 
+def test_polish_saves_the_outputs_of_a_multi_output_op_together(monkeypatch):
+    """A BatchNorm's statistics come from one ``var_mean`` read through getitems: saving one of
+    them alone leaves the op to run again for the other, so gains nothing. Where a save alone
+    gains nothing the sweep tries it with its recomputed siblings, and so reaches plans the
+    one-at-a-time sweep cannot."""
+    import time as clock
+
+    import planner
+    import solvers.polish as polishing
+    from tests import models
+
+    model, inputs = models.cnn()
+    rates = {"flops_per_second": 1e12, "bytes_per_second": 1e11}  # fixed: no calibration
+    problem = planner.plan(model, inputs, memory_budget=0.0, solver="greedy", estimator="roofline",
+                           config=planner.PlannerConfig(estimator_options=rates)).graph_plan.problem
+    start = reference_plan(problem)
+    budget = int(1.2 * start.peak_bytes)
+    siblings = polishing._siblings(problem)
+    assert {problem.targets[i] for i in siblings} == {"<built-in function getitem>"}  # the statistics
+    together, report = polishing.polish(problem, start, budget, clock.monotonic() + 30)
+    saved = set(report["added"])
+    assert any(problem.names[i] in saved and all(problem.names[j] in saved for j in group) for i, group in siblings.items())
+    monkeypatch.setattr(polishing, "_siblings", lambda problem: {})
+    alone, _ = polishing.polish(problem, start, budget, clock.monotonic() + 30)
+    assert together.peak_bytes <= budget and together.seconds < alone.seconds
+
+
 @pytest.mark.parametrize("name,options", EXACT)
 def test_an_exact_solver_polishes_the_answer_it_could_not_prove(name, options):
     """Stopped by its time limit, an exact solver's answer is swept (stats["polish"]): it is no
