@@ -96,7 +96,8 @@ def retime(runs: list, batch, rounds: int, steps: int) -> list[float]:
 
 def kernel_and_host(run, params, batch, steps: int = 3) -> dict:
     """Where a step's time goes: ``kernel_ms``, the GPU's busy time per step (kernels, copies and
-    fills as the profiler records them, over ``steps`` steps), and ``host_ms``, the median time
+    fills as the profiler records them, over ``steps`` steps), ``launches``, how many of those
+    the step runs (each one the host launches), and ``host_ms``, the median time
     the host takes to launch a step (from the call until ``backward()`` returns, the GPU idle at
     the start). Where ``host_ms`` is most of the step time, the step is bound by the host: the
     GPU waits on launches, and two steps of the same kernels time apart by the host's noise."""
@@ -116,8 +117,9 @@ def kernel_and_host(run, params, batch, steps: int = 3) -> dict:
             run(*batch).backward()
             _clear(params)
         torch.cuda.synchronize()
-    busy = sum(e.device_time for e in prof.events() if e.device_type == DeviceType.CUDA)  # microseconds
-    return {"kernel_ms": busy / 1e3 / steps, "host_ms": statistics.median(hosts)}
+    work = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    busy = sum(e.device_time for e in work)  # microseconds
+    return {"kernel_ms": busy / 1e3 / steps, "launches": len(work) / steps, "host_ms": statistics.median(hosts)}
 
 
 def _clear(params) -> None:

@@ -146,3 +146,18 @@ def test_zoo_target_a_says_when_the_hosts_launches_bound_the_steps():
         row["host_ms"] = 2.0  # the GPU's work sets the step: no such clause
     line = zoo_targets(rows)[0]
     assert "GPU busy 1.000x" in line and "host" not in line
+
+
+def test_zoo_target_c_gives_budget_zeros_gpu_time_and_launches_against_torch_compiles():
+    from bench.zoo import targets as zoo_targets
+
+    rows = [{"model": "m", "method": "library checkpointing", "peak_activation_bytes": 50, "step_ms": 30.0},
+            {"model": "m", "method": "torch.compile", "budget": 1.0, "peak_activation_bytes": 100, "step_ms": 10.0,
+             "kernel_ms": 8.0, "host_ms": 9.0, "launches": 700},
+            {"model": "m", "method": "planner", "budget": 0.0, "peak_activation_bytes": 40, "step_ms": 14.0,
+             "kernel_ms": 10.0, "host_ms": 13.0, "launches": 1000}]
+    line = next(line for line in zoo_targets(rows) if line.startswith("(c)"))
+    assert line.startswith("(c) NOT met") and "1.400x torch.compile 1.0's time" in line
+    assert "GPU busy 1.250x, 1000 launches against 700" in line and "bound by the host" in line
+    del rows[2]["launches"]  # runs from before the field: no count
+    assert "launches against" not in next(line for line in zoo_targets(rows) if line.startswith("(c)"))
