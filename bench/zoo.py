@@ -9,8 +9,9 @@ interleaved rounds at the end (as ``bench/pareto.py`` does); ``step_ms`` is the 
 steps. A second eager copy is timed last in every round: ``spread_ms`` is half the difference
 between the two eager medians, the run's noise as eager shows it (compiled points can vary more).
 Then per point, where the step's time goes (:func:`bench.gpu_step.kernel_and_host`): the GPU's
-busy time, the GPU work it launches (kernels, copies, fills) and the host's launch time per step. Where the launches take most of the step, step
-times follow the host's speed, not the plan's kernels; target (a)'s line says so.
+busy time, the GPU work it launches (kernels, copies, fills) and the host's launch time per step.
+Where the launches take most of the step, step times follow the host's speed, not the plan's
+kernels; the lines of targets (a) and (c) say so.
 
 Per planner point: measured peak activation memory, the predicted peak of the step (every graph
 the model compiled into, :attr:`planner.compiler.PlannerBackend.predicted_step_peak`), the
