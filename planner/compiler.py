@@ -224,16 +224,14 @@ def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, f
     before_peak = simulated_timeline(joint, problem, base, fuse).peak
     limit = before_peak + int(POLISH_PEAK_SLACK * before_peak)
 
-    def within_budget(saves: list[str]) -> bool:
-        return evaluate_names(problem, base + tuple(saves)).peak_bytes <= decision.budget_bytes
-
     def timeline(saves: list[str]) -> Timeline:
         runs[0] += 1
         return simulated_timeline(joint, problem, base + tuple(saves), fuse)
 
     kept, dropped, rest, stop = [], [], added, "out of checks"
     while rest and runs[0] < checks:  # drop the saves alive at the simulated peak
-        if not within_budget(rest):
+        current = evaluate_names(problem, base + tuple(rest))
+        if current.peak_bytes > decision.budget_bytes:
             stop = "the schedule's peak over the budget"
             break
         line = timeline(rest)
@@ -241,7 +239,7 @@ def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, f
             kept, rest, stop = rest, [], "fits"
             break
         alive = set(line.saved_at_peak).intersection(rest)
-        drop = _cheapest_losses(problem, base, rest, alive, line.peak - limit, decision.budget_bytes)
+        drop = _cheapest_losses(problem, base, rest, current.seconds, alive, line.peak - limit, decision.budget_bytes)
         if not drop:
             stop = ("no save alive at the peak" if not alive else
                     "each save alive at the peak, dropped, takes the schedule's peak over the budget")
@@ -251,7 +249,8 @@ def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, f
     at_peak = len(dropped)
 
     def fits(saves: list[str]) -> bool:
-        return within_budget(saves) and timeline(saves).peak <= limit
+        return (evaluate_names(problem, base + tuple(saves)).peak_bytes <= decision.budget_bytes
+                and timeline(saves).peak <= limit)
 
     while rest and runs[0] < checks:  # bisection over what is left, in the sweeps' order
         if fits(kept + rest):
@@ -283,21 +282,23 @@ def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, f
     return _with_plan(problem, decision, plan, gap=gap, stats={**decision.stats, "polish": note})
 
 
-def _cheapest_losses(problem: Problem, base: tuple[str, ...], saves: list[str], alive: set[str], excess: int,
-                     budget_bytes: int) -> list[str]:
+def _cheapest_losses(problem: Problem, base: tuple[str, ...], saves: list[str], seconds: float, alive: set[str],
+                     excess: int, budget_bytes: int) -> list[str]:
     """Of the saves in ``alive``, those to drop so that their bytes cover ``excess``: fewest
-    seconds lost per byte first (each loss measured with every other save kept), leaving out a
-    save whose loss alone takes the schedule's peak over ``budget_bytes`` (its recomputation)."""
-    now = evaluate_names(problem, base + tuple(saves)).seconds
+    seconds lost per byte first (each loss measured with every other save kept, against the
+    ``seconds`` of keeping them all), leaving out a save whose loss alone takes the schedule's
+    peak over ``budget_bytes`` (its recomputation)."""
+    names = sorted(alive, key=saves.index)
+    size = {name: int(problem.nbytes[i]) for name, i in zip(names, problem.index(names))}
     costs = {}
-    for name in alive:
+    for name in names:
         without = evaluate_names(problem, base + tuple(n for n in saves if n != name))
         if without.peak_bytes <= budget_bytes:
-            costs[name] = (without.seconds - now) / max(1, int(problem.nbytes[problem.index([name])[0]]))
+            costs[name] = (without.seconds - seconds) / max(1, size[name])
     chosen, covered = [], 0
     for name in sorted(costs, key=lambda n: (costs[n], saves.index(n))):
         chosen.append(name)
-        covered += int(problem.nbytes[problem.index([name])[0]])
+        covered += size[name]
         if covered >= excess:
             break
     return chosen

@@ -30,10 +30,10 @@ def polish(problem: Problem, plan: Evaluation, budget_bytes: int, deadline: floa
     """``plan`` improved by first-improvement sweeps: each recomputed value that owns its
     storage, most recompute seconds per byte first, is saved (alone, else with its recomputed
     siblings) where the plan stays within ``budget_bytes`` and gets faster; sweeps repeat until
-    one changes nothing or ``deadline`` (a ``time.monotonic()`` instant) passes. Returns the plan and what the sweeps did: values
-    saved, plans evaluated, sweeps, seconds, the seconds before and after, the names of the values
-    ``plan`` saved (``"start"``) and of those the sweeps saved, in the order they saved them
-    (``"added"``: each a gain given those before it)."""
+    one changes nothing or ``deadline`` (a ``time.monotonic()`` instant) passes. Returns the plan
+    and what the sweeps did: values saved, plans evaluated, sweeps, seconds, the seconds before
+    and after, the names of the values ``plan`` saved (``"start"``) and of those the sweeps saved,
+    in the order they saved them (``"added"``: each a gain given those before it)."""
     start = time.monotonic()
     own = problem.schedule.owns
     siblings = _siblings(problem)
