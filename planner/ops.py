@@ -98,9 +98,26 @@ def is_view(node: fx.Node) -> bool:
 
 
 def is_random(node: fx.Node) -> bool:
-    """True for ops that draw from the RNG (dropout, rand_like, bernoulli, ...)."""
+    """True for ops that draw from the RNG (dropout, rand_like, bernoulli, ...).
+
+    An aten op tagged as seeded that is asked for no dropout (``dropout_p`` 0, as the fused
+    attention ops of most models are in training) draws nothing: the flash, memory-efficient and
+    cuDNN attention kernels take the RNG state only where dropout_p > 0 (measured: the CUDA RNG
+    state is unchanged by their forward and backward at 0, and moves at 0.1), so running it again
+    gives the same values and leaves the RNG as it was. It is recomputed as itself, not through
+    an RNG replay, which inductor runs outside its compiled code, from Python, on every step."""
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+    if not (isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags):
+        return False
+    return not (target.namespace == "aten" and _asks_no_dropout(node, target._schema))
+
+
+def _asks_no_dropout(node: fx.Node, schema: torch.FunctionSchema) -> bool:
+    for position, arg in enumerate(schema.arguments):
+        if arg.name == "dropout_p":
+            value = node.args[position] if position < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+            return isinstance(value, (int, float)) and value == 0
+    return False
 
 
 def side_effect(node: fx.Node) -> str | None:

@@ -33,3 +33,21 @@ def test_gpu_spin_keeps_the_stream_busy():
     end.record()
     torch.cuda.synchronize()
     assert start.elapsed_time(end) > 0.1  # milliseconds: a million cycles at any clock under 10 GHz
+
+
+def test_fused_attention_draws_nothing_without_dropout():
+    # planner.ops.is_random recomputes a seeded attention op asked for dropout_p 0 as itself:
+    # its kernels must leave the generator as they found it (and move it where dropout_p > 0)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        for p in (0.0, 0.1):
+            with sdpa_kernel(backend):
+                before = torch.cuda.get_rng_state()
+                try:
+                    torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=p, is_causal=True).sum().backward()
+                except RuntimeError as err:  # this GPU or build lacks the backend
+                    pytest.skip(f"{backend}: {err}")
+                torch.cuda.synchronize()
+                assert torch.equal(before, torch.cuda.get_rng_state()) == (p == 0.0), (backend, p)

@@ -106,6 +106,42 @@ def test_random_ops_are_replayed_only_where_torch_can_tell_their_device():
                      lambda m, x: planner.compile(m, memory_budget=0.0, codegen="eager", time_limit=5))
 
 
+class _Attention(torch.nn.Module):
+    def __init__(self, dropout_p):
+        super().__init__()
+        self.qkv, self.dropout_p = torch.nn.Linear(32, 96), dropout_p
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 16, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p, is_causal=True)
+        return torch.tanh(y).square().mean()
+
+
+def test_attention_asked_for_no_dropout_is_recomputed_as_itself():
+    # A seeded attention op with dropout_p 0 draws nothing: recomputed, it runs again as itself,
+    # with no RNG state saved or replayed (inductor would run a replay op by op from Python)
+    from planner.bounds import min_memory_plan
+    from tests.training import assert_same_step
+
+    joint = planner.capture(_Attention(0.0), (torch.randn(2, 16, 32),))
+    problem = build_problem(joint, get_estimator("flops"))
+    (node,) = [n for n in joint.forward_nodes if n.target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default]
+    assert torch.Tag.nondeterministic_seeded in node.target.tags
+    (attention,) = problem.index([node.name])
+    assert not problem.random[attention]
+    plan = min_memory_plan(problem)
+    assert plan.recomputed[attention]
+    fw, bw = emit(joint, problem, tuple(problem.names[i] for i in plan.saved.nonzero()[0]))
+    wrappers = (_torch_compat.run_and_save_rng_state(), _torch_compat.run_with_rng_state())
+    assert not [n for gm in (fw, bw) for n in calls(gm) if n.target in wrappers]
+    assert [n for n in calls(bw) if "scaled_dot_product_flash_attention_for_cpu.default" in str(n.target)]
+    assert_same_step(lambda: (_Attention(0.0), (torch.randn(2, 16, 32),)),
+                     lambda m, x: planner.compile(m, memory_budget=0.0, codegen="eager", time_limit=5))
+    # asked for dropout, the attention's randomness is a node that draws
+    joint = planner.capture(_Attention(0.1), (torch.randn(2, 16, 32),))
+    assert build_problem(joint, get_estimator("flops")).random.any()
+
+
 def test_nothing_is_recomputed_at_budget_one():
     problem, decision, _, fw, bw = emitted("gpt", 1.0)
     assert not any(n.meta.get("recomputed") and problem.runtime[problem.index([n.name])[0]] > 0
