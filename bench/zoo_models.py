@@ -153,7 +153,7 @@ MODELS: dict[str, ZooModel] = {
     "convnext": ZooModel(_timm("convnext_tiny", 64, {"depths": (1, 1, 1, 1), "dims": (16, 32, 48, 64)}),
                          "timm", "convnext_tiny, batch 64"),
     "efficientnet": ZooModel(_timm("efficientnet_b0", 128, {"drop_path_rate": 0.1}), "timm",
-                             "efficientnet_b0, batch 128, drop path 0.1"),
+                             "efficientnet_b0, batch 128 (drop path 0.1 only in the tests' 32-pixel build)"),
     # added later still, after every rule of the planner so far, as models a new user brings
     "mistral": ZooModel(_mistral, "transformers",
                         "MistralForCausalLM, 6 layers, d 1024, 16 heads / 4 kv, ffn 3584, seq 2048, batch 4, vocab 8192"),
