@@ -45,7 +45,6 @@ def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...],
     kept = _insert_transfers(joint, kept, offloaded or {})
     saved_values, saved_syms = _saved_values(joint, kept, [r.state for r in replays.values()])
     joint.graph.lint()
-    joint.module.recompile()
     return _torch_compat.extract_fwd_bwd_modules(joint.module, saved_values, saved_syms, joint.num_fwd_outputs)
 
 

@@ -575,3 +575,23 @@ def test_the_timeline_names_the_saved_values_alive_at_its_peak():
     assert sum(nbytes for *_, nbytes in timeline.at_peak) == timeline.peak
     alive = {name for phase, name, _ in timeline.at_peak if phase == "forward"}
     assert {n.name for n in saved if storage_root(n).name in alive} == set(timeline.saved_at_peak) == {"mm", "add_"}
+
+
+@pytest.mark.parametrize("name", ["gpt", "cnn"])
+def test_a_simulation_finds_readers_once_and_forgets_them(name, monkeypatch):
+    """Within one simulation each node's readers and leaf reads are found once, then forgotten:
+    the timeline is the one found without keeping them."""
+    import contextlib
+
+    from planner import memory
+    from planner.compiler import simulated_timeline
+
+    model, inputs = MODELS[name]()
+    joint = planner.capture(model, inputs, codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    saved = get_solver("cpsat").solve(problem, planner.Budget(fraction=0.3).resolve(problem)).saved
+    timeline = simulated_timeline(joint, problem, saved)
+    assert memory._seen_readers is None and memory._seen_leaves is None
+    monkeypatch.setattr(memory, "_graphs_unchanged", contextlib.nullcontext)
+    forward, backward = emit(joint.copy(), problem, saved)
+    assert simulate(forward, backward, joint.num_fwd_outputs, fuse=True) == timeline
