@@ -49,6 +49,7 @@ the torch-free :class:`~planner.schedule.Schedule` the solvers plan with.
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from functools import lru_cache
 from dataclasses import dataclass, field
@@ -126,30 +127,29 @@ def _shared_input(node: fx.Node) -> fx.Node | None:
 
 
 # Within one simulate(): the readers and leaf reads of nodes of graphs that do not change while
-# it walks them, each found once (on ResNet-50's emitted modules they were found again ~10^5 times)
-_seen_readers: dict | None = None
-_seen_leaves: dict | None = None
+# it walks them, each found once (on ResNet-50's emitted modules they were found again ~10^5
+# times); per thread, as (readers, leaf reads) in ``_seen.maps``, None outside a walk
+_seen = threading.local()
 
 
 @contextmanager
 def _graphs_unchanged():
-    global _seen_readers, _seen_leaves
-    outer = _seen_readers, _seen_leaves
-    if _seen_readers is None:
-        _seen_readers, _seen_leaves = {}, {}
+    outer = getattr(_seen, "maps", None)
+    _seen.maps = outer if outer is not None else ({}, {})
     try:
         yield
     finally:
-        _seen_readers, _seen_leaves = outer
+        _seen.maps = outer
 
 
 def readers(node: fx.Node) -> list[fx.Node]:
     """Nodes that read ``node``'s storage, looking through views of it."""
-    if _seen_readers is None:
+    maps = getattr(_seen, "maps", None)
+    if maps is None:
         return _readers(node)
-    found = _seen_readers.get(node)
+    found = maps[0].get(node)
     if found is None:
-        found = _seen_readers[node] = tuple(_readers(node))
+        found = maps[0][node] = tuple(_readers(node))
     return list(found)
 
 
@@ -398,11 +398,12 @@ def _leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
     backward a layer norm's gradient (reading 8 inputs) is stored, and the residual gradient
     summed over the blocks after it (3 reads) stays inlined: each block's gradient stays alive
     to the stage's end (73.5 MiB at budget 0 on an H100, where the model had stored the sum)."""
-    if _seen_leaves is None:
+    maps = getattr(_seen, "maps", None)
+    if maps is None:
         return _find_leaf_reads(node, depth)
-    found = _seen_leaves.get((node, depth))
+    found = maps[1].get((node, depth))
     if found is None:
-        found = _seen_leaves[(node, depth)] = _find_leaf_reads(node, depth)
+        found = maps[1][(node, depth)] = _find_leaf_reads(node, depth)
     return found
 
 

@@ -591,7 +591,7 @@ def test_a_simulation_finds_readers_once_and_forgets_them(name, monkeypatch):
     problem = build_problem(joint, get_estimator("flops"), fuse=True)
     saved = get_solver("cpsat").solve(problem, planner.Budget(fraction=0.3).resolve(problem)).saved
     timeline = simulated_timeline(joint, problem, saved)
-    assert memory._seen_readers is None and memory._seen_leaves is None
+    assert getattr(memory._seen, "maps", None) is None  # forgotten after the walk
     monkeypatch.setattr(memory, "_graphs_unchanged", contextlib.nullcontext)
     forward, backward = emit(joint.copy(), problem, saved)
     assert simulate(forward, backward, joint.num_fwd_outputs, fuse=True) == timeline
