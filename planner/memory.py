@@ -142,15 +142,20 @@ def _graphs_unchanged():
         _seen.maps = outer
 
 
-def readers(node: fx.Node) -> list[fx.Node]:
-    """Nodes that read ``node``'s storage, looking through views of it."""
+def _seen_or_found(table: int, key: object, find):
+    """``find()``, or within a walk (:func:`_graphs_unchanged`) what it gave for ``key`` before."""
     maps = getattr(_seen, "maps", None)
     if maps is None:
-        return _readers(node)
-    found = maps[0].get(node)
+        return find()
+    found = maps[table].get(key)
     if found is None:
-        found = maps[0][node] = tuple(_readers(node))
-    return list(found)
+        found = maps[table][key] = find()
+    return found
+
+
+def readers(node: fx.Node) -> list[fx.Node]:
+    """Nodes that read ``node``'s storage, looking through views of it."""
+    return list(_seen_or_found(0, node, lambda: tuple(_readers(node))))
 
 
 def _readers(node: fx.Node) -> list[fx.Node]:
@@ -398,13 +403,7 @@ def _leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
     backward a layer norm's gradient (reading 8 inputs) is stored, and the residual gradient
     summed over the blocks after it (3 reads) stays inlined: each block's gradient stays alive
     to the stage's end (73.5 MiB at budget 0 on an H100, where the model had stored the sum)."""
-    maps = getattr(_seen, "maps", None)
-    if maps is None:
-        return _find_leaf_reads(node, depth)
-    found = maps[1].get((node, depth))
-    if found is None:
-        found = maps[1][(node, depth)] = _find_leaf_reads(node, depth)
-    return found
+    return _seen_or_found(1, (node, depth), lambda: _find_leaf_reads(node, depth))
 
 
 def _find_leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:

@@ -74,8 +74,7 @@ def _siblings(problem: Problem) -> dict[int, list[int]]:
     """Per node read from a multi-output op (its one input, an op that computes but owns no
     storage of its own), the other nodes read from that op alone."""
     children: dict[int, list[int]] = {}
-    for i in range(len(problem)):
-        inputs = problem.input_idx[problem.input_ptr[i]:problem.input_ptr[i + 1]]
+    for i, inputs in enumerate(problem.inputs):
         if len(inputs) == 1 and not problem.saveable[inputs[0]] and problem.runtime[inputs[0]] > 0:
             children.setdefault(int(inputs[0]), []).append(i)
     return {i: [j for j in group if j != i] for group in children.values() if len(group) > 1 for i in group}
