@@ -93,6 +93,49 @@ def _gemma(size: str):
     return _decoder(size, "Gemma", (6, 1024, 8, 1, 4096, 2048, 4, 8192), head_dim=128)
 
 
+def _opt(size: str):
+    """Learned positions, ReLU, and the library's default dropout (0.1) on every residual branch."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    layers, d, heads, ffn, seq, batch, vocab = (6, 1024, 16, 4096, 2048, 4, 8192) if size == "bench" else (2, 64, 4, 128, 32, 2, 128)
+    cfg = OPTConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, ffn_dim=ffn,
+                    word_embed_proj_dim=d, max_position_embeddings=seq, vocab_size=vocab)
+    return _CausalLM(OPTForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _phi(size: str):
+    """Attention and MLP side by side from one LayerNorm, rotary on half of each head, GELU."""
+    from transformers import PhiConfig, PhiForCausalLM
+
+    layers, d, heads, ffn, seq, batch, vocab = (6, 1024, 16, 4096, 2048, 4, 8192) if size == "bench" else (2, 64, 4, 128, 32, 2, 128)
+    cfg = PhiConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=ffn,
+                    max_position_embeddings=seq, vocab_size=vocab)
+    return _CausalLM(PhiForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _mixtral(size: str):
+    """Mixture of experts: 8 experts, 2 routed per token."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    layers, d, heads, kv, ffn, seq, batch, vocab = ((4, 768, 12, 4, 1536, 1024, 4, 8192) if size == "bench"
+                                                    else (2, 64, 4, 2, 128, 32, 2, 128))
+    cfg = MixtralConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                        intermediate_size=ffn, max_position_embeddings=seq, vocab_size=vocab,
+                        num_local_experts=8, num_experts_per_tok=2)
+    return _CausalLM(MixtralForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _bart(size: str):
+    """An encoder-decoder with learned positions and the library's default dropout (0.1)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    layers, d, heads, ffn, seq, batch, vocab = (6, 768, 12, 3072, 512, 16, 8192) if size == "bench" else (1, 64, 4, 128, 32, 2, 128)
+    cfg = BartConfig(encoder_layers=layers, decoder_layers=layers, d_model=d, encoder_attention_heads=heads,
+                     decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+                     max_position_embeddings=seq, vocab_size=vocab)
+    return _CausalLM(BartForConditionalGeneration(cfg)), _tokens(batch, seq, vocab)
+
+
 def _gpt2_breaks(size: str):
     """GPT-2 with a graph break before every second block (1, 3, ...): torch.compile makes several graphs of
     one step (as models with data-dependent Python or unsupported calls do)."""
@@ -123,12 +166,15 @@ def _t5(size: str):
     return _CausalLM(T5ForConditionalGeneration(cfg)), _tokens(batch, seq, vocab)
 
 
-def _timm(arch: str, bench_batch: int, tiny: dict):
+def _timm(arch: str, bench_batch: int, tiny: dict, tiny_arch: str | None = None):
+    """``arch`` at the bench size; at the tiny size ``tiny_arch`` (the same family, smaller) or
+    ``arch`` itself, built with the ``tiny`` keywords."""
     def make(size: str):
         import timm
 
         kwargs = {} if size == "bench" else tiny
-        model = timm.create_model(arch, num_classes=1000 if size == "bench" else 10, **kwargs)
+        name = arch if size == "bench" else tiny_arch or arch
+        model = timm.create_model(name, num_classes=1000 if size == "bench" else 10, **kwargs)
         batch, image = (bench_batch, 224) if size == "bench" else (2, tiny.get("img_size", 32))
         classes = 1000 if size == "bench" else 10
         return _Classifier(model), (torch.randn(batch, 3, image, image), torch.randint(0, classes, (batch,)))
@@ -163,6 +209,18 @@ MODELS: dict[str, ZooModel] = {
                                                                 "embed_dim": 16, "depths": (1, 1), "num_heads": (2, 4)}),
                      "timm", "swin_tiny_patch4_window7_224, batch 64"),
     "mobilenetv3": ZooModel(_timm("mobilenetv3_large_100", 128, {}), "timm", "mobilenetv3_large_100, batch 128"),
+    # a third round, added after every rule so far and measured before any change for them
+    "opt": ZooModel(_opt, "transformers",
+                    "OPTForCausalLM, 6 layers, d 1024, 16 heads, ffn 4096, seq 2048, batch 4, vocab 8192, dropout 0.1"),
+    "phi": ZooModel(_phi, "transformers",
+                    "PhiForCausalLM, 6 layers, d 1024, 16 heads, ffn 4096, seq 2048, batch 4, vocab 8192"),
+    "mixtral": ZooModel(_mixtral, "transformers", "MixtralForCausalLM, 4 layers, d 768, 12 heads / 4 kv, 8 experts "
+                        "of ffn 1536, 2 per token, seq 1024, batch 4, vocab 8192"),
+    "bart": ZooModel(_bart, "transformers",
+                     "BartForConditionalGeneration, 6+6 layers, d 768, ffn 3072, seq 512, batch 16, vocab 8192, dropout 0.1"),
+    "densenet": ZooModel(_timm("densenet121", 64, {"growth_rate": 8, "block_config": (1, 2, 2, 1)}),
+                         "timm", "densenet121, batch 64"),
+    "regnet": ZooModel(_timm("regnety_016", 128, {}, tiny_arch="regnety_002"), "timm", "regnety_016, batch 128"),
 }
 
 

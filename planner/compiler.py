@@ -539,6 +539,8 @@ class _Part:
     # and the emitted modules kept until then to count its memory again (planner.memory.simulate)
     released: tuple[int, ...] | None = None
     simulated: tuple | None = None
+    waiting: Any = ()  # its compiled graph's runs waiting for their backward (_CountedRuns.waiting)
+    last_step: int | None = None  # the backend's count of steps at its latest training run
 
 
 class PlannerBackend:
@@ -585,6 +587,8 @@ class PlannerBackend:
         self._parts: dict[Any, _Part] = {}
         self._compiling: tuple[int, int] | None = None  # dynamo's (frame, compile) ids of the graph compiling
         self._place = 0  # its place among the graphs that compile handed over
+        self._variant = False  # a compile of a frame whose earlier compile runs in the same step
+        self._steps, self._backward_begun = 0, False  # training steps seen, told apart by backwards
         self._replanning: Any = None  # the part planned again now, outside dynamo's compile
         # fusions inductor would have made in the planned backwards that the compile guard refused
         # (planner._torch_compat.fusion_distance_guard), over every graph compiled so far
@@ -646,9 +650,18 @@ class PlannerBackend:
         these are held. A graph compiled again for its frame (new shapes) counts once."""
         return self._held_before(self._step_key)
 
+    @property
+    def _live(self) -> dict[Any, Timeline]:
+        """The parts of ``_step`` that still run: a part that ran no training run in the latest
+        step or the one before it was superseded (a compile of its frame kept apart as a variant
+        of the same step, which dynamo later sends that step's runs past) and no longer counts."""
+        return {part: timeline for part, timeline in self._step.items()
+                if part not in self._parts or self._parts[part].last_step is None
+                or self._parts[part].last_step >= self._steps - 1}
+
     def _held_before(self, key: Any) -> int:
         held = 0
-        for part, timeline in self._step.items():
+        for part, timeline in self._live.items():
             if part == key:
                 break
             held += self._repeats_of(part) * timeline.held_after_forward
@@ -665,12 +678,12 @@ class PlannerBackend:
     def step(self) -> list[Timeline]:
         """The simulated memory of each graph of the step, in the order they run their forwards
         (the latest compile of each part of each frame)."""
-        return list(self._step.values())
+        return list(self._live.values())
 
     @property
     def predicted_forward(self) -> tuple[int, int]:
         """Predicted peak of the step's forwards, and the bytes they leave alive for the backward."""
-        held = sum(self._repeats_of(part) * t.held_after_forward for part, t in self._step.items())
+        held = sum(self._repeats_of(part) * t.held_after_forward for part, t in self._live.items())
         return self._step_peak(backward=False), held
 
     @property
@@ -684,10 +697,11 @@ class PlannerBackend:
         """The largest peak of a graph of the step (its forward's alone, unless ``backward``)
         plus what the graphs before it and its own other runs hold, and during its backward the
         gradients of the graphs after it; only the graphs after the part ``after``, where given."""
-        parts = list(self._step)
+        live = self._live
+        parts = list(live)
         held = peak = 0
         for part in parts[parts.index(after) + 1:] if after is not None else parts:
-            timeline, repeats = self._step[part], self._repeats_of(part)
+            timeline, repeats = live[part], self._repeats_of(part)
             own = (max(timeline.forward_peak, timeline.backward_peak + self.grads_after(part)) if backward
                    else timeline.forward_peak)
             peak = max(peak, held + (repeats - 1) * timeline.held_after_forward + own)
@@ -706,7 +720,7 @@ class PlannerBackend:
     def grads_after(self, part: Any) -> int:
         """Bytes of the gradients that the graphs after ``part`` leave in leaf tensors (their
         parameters' ``.grad``), alive while ``part``'s backward runs after theirs."""
-        parts = list(self._step)
+        parts = list(self._live)
         return sum(self._grad_bytes(q) for q in parts[parts.index(part) + 1:])
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
@@ -715,11 +729,18 @@ class PlannerBackend:
         # (DDP's graph splitting compiles one per gradient bucket): they are told apart by their
         # place in that compile, and a recompile of the frame replaces them place by place
         self._place = self._place + 1 if compiling is not None and compiling == self._compiling else 0
-        self._compiling = compiling
+        self._compiling, self._variant = compiling, False
+        earlier = self._parts.get(self._step_key)
+        # A recompile of a frame replaces its graphs in the step, unless the earlier compile has
+        # runs waiting for their backward: then both run in this step (one code object reached
+        # through other modules or another path, as a decorator's wrapper shared by a model's
+        # encoder and decoder layers is), and each is its own part, counted and planned apart.
+        self._variant = earlier is not None and bool(earlier.waiting)
         key = self._step_key
         self._parts[key] = _Part(gm, repeats=self.repeats)
-        compiled = self._compile(gm, example_inputs)
-        return _CountedRuns(compiled, self, key)
+        compiled = _CountedRuns(self._compile(gm, example_inputs), self, key)
+        self._parts[key].waiting = compiled.waiting
+        return compiled
 
     def _released(self, key: Any, released: tuple[int, ...], outputs: int) -> None:
         """The first run of ``key``'s graph began its backward with the outputs at the places
@@ -798,10 +819,14 @@ class PlannerBackend:
         self.replanned.append(key)
 
     @property
-    def _part(self) -> tuple[int, int] | None:
-        """The part of the step the graph compiling now is: its frame and place; None outside
-        torch.compile's frames."""
-        return None if self._compiling is None else (self._compiling[0], self._place)
+    def _part(self) -> tuple[int, ...] | None:
+        """The part of the step the graph compiling now is: its frame and place, and for a
+        compile of the frame beside an earlier one in the same step, that compile's id too;
+        None outside torch.compile's frames."""
+        if self._compiling is None:
+            return None
+        frame, compile_id = self._compiling
+        return (frame, self._place, compile_id) if self._variant else (frame, self._place)
 
     @property
     def _step_key(self) -> Any:
@@ -840,6 +865,10 @@ class _CountedRuns:
     def __call__(self, *args: Any) -> Any:
         backend = self.backend
         part = backend._parts.get(self.part)
+        if part is not None and torch.is_grad_enabled() and not _fake_call(args):  # a training run
+            if backend._backward_begun:  # the first run of a new step
+                backend._steps, backend._backward_begun = backend._steps + 1, False
+            part.last_step = backend._steps
         replan = (part is not None and not part.seen and not self.waiting and self.part in backend.runs
                   and backend._replans(self.part))
         if part is not None and (part.grad_bytes is None or replan):  # until measured and planned again
@@ -865,6 +894,7 @@ class _CountedRuns:
                         for t in outputs] if watched else []
 
             def begin_backward(grad_outputs, token=token, storages=storages, count=len(outputs)):
+                self.backend._backward_begun = True
                 if token in self.waiting:
                     self.backend._ran(self.part, len(self.waiting))
                     self.waiting.discard(token)
@@ -876,6 +906,13 @@ class _CountedRuns:
             for node in nodes.values():
                 node.register_prehook(begin_backward)
         return out
+
+
+def _fake_call(args: tuple) -> bool:
+    """A call on fake tensors (a compile's), told by its first tensor argument."""
+    flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+    first = next((x for x in flat if isinstance(x, torch.Tensor)), None)
+    return first is not None and _torch_compat.is_fake(first)
 
 
 class _Run:

@@ -294,3 +294,89 @@ def test_a_graph_whose_output_the_step_frees_is_planned_again_without_holding_it
     assert held == [True, False, False]  # planned at compile time holding it, then for the step seen
     first_key = next(iter(backend._step))
     assert backend._parts[first_key].released == (0,)
+
+
+def _shared_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """One code object for two kinds of layer (as a library's forward decorator is): dynamo
+    compiles the frame it resumes in after the break once per kind."""
+    h = self.inner(x)
+    torch._dynamo.graph_break()
+    return torch.tanh(self.out(h)) + x
+
+
+class _Narrow(nn.Module):
+    forward = _shared_forward
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.out = nn.Sequential(nn.Linear(32, 64), nn.GELU()), nn.Linear(64, 32)
+
+
+class _Wide(nn.Module):
+    forward = _shared_forward
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU())
+        self.out = nn.Sequential(nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 32))
+
+
+class TwoKinds(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Narrow(), _Narrow(), _Wide(), _Wide()])
+
+        self.wide = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers if self.wide else self.layers[:2]:
+            x = layer(x)
+        return x.pow(2).mean()
+
+
+@pytest.mark.parametrize("codegen", ["eager", "inductor"])
+def test_two_compiles_of_one_frame_in_one_step_are_planned_apart(codegen):
+    # the frame after the break compiles once for each kind of layer, and both run in every step:
+    # each compile is its own part, counted and planned again for its own runs (the second
+    # compile used to take the first's place, and planning the first again compiled the
+    # second's graph with the first's inputs)
+    import warnings
+
+    torch.manual_seed(0)
+    model, inputs = TwoKinds(), (torch.randn(16, 32),)
+    compiled = {}
+
+    def run(twin, inputs):
+        compiled["module"] = planner.compile(twin, memory_budget=0.0, codegen=codegen, solver="greedy", time_limit=5)
+        return compiled["module"]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_same_step(lambda: (TwoKinds(), inputs), run)
+        module = compiled["module"]
+        for _ in range(2):
+            module(*inputs).backward()
+    assert not [w for w in caught if "failed to compile" in str(w.message)]
+    backend = module.planner_backend
+    variants = [key for key in backend._parts if len(key) == 3]  # a later compile of a frame, beside it
+    assert variants and all(key[:2] in backend._parts for key in variants)
+    # the wide layers' graphs run twice before their backward, and were planned again for that
+    assert any(backend.runs[key] == backend._parts[key].repeats == 2 for key in variants)
+    # every compile still runs, so every one counts in the step's prediction
+    assert all(part.last_step == backend._steps for part in backend._parts.values())
+    assert len(backend.step) == len(backend._parts)
+
+
+def test_a_compile_the_step_no_longer_runs_stops_counting_in_it():
+    torch.manual_seed(0)
+    model, inputs = TwoKinds(), (torch.randn(16, 32),)
+    compiled = planner.compile(model, memory_budget=0.0, **EAGER)
+    backend = compiled.planner_backend
+    compiled(*inputs).backward()
+    whole, parts = backend.predicted_step_peak, len(backend.step)
+    model.wide = False  # the wide layers' compiles run no more
+    for _ in range(3):
+        compiled(*inputs).backward()
+    stale = {key for key, part in backend._parts.items() if part.last_step < backend._steps}
+    assert stale and len(backend.step) == parts - len(stale)
+    assert backend.predicted_step_peak < whole
