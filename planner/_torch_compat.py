@@ -381,6 +381,27 @@ def storage_weakref(tensor: torch.Tensor) -> Any:
     return StorageWeakRef(tensor.untyped_storage())
 
 
+# Frames a planned module resumes in after graph breaks inside library code (a decorator's
+# wrapper) are one code object for every model in the process: each compile of one, whatever its
+# backend, is a cache entry of that code object, and past dynamo's ``recompile_limit`` (8) the
+# frame runs eagerly from then on, unplanned.
+COMPILES_PER_CODE = 1024
+
+
+@contextlib.contextmanager
+def compile_limits_lifted():
+    """dynamo's per-code-object compile limits raised to :data:`COMPILES_PER_CODE` (never
+    lowered) while a planned module runs, and restored after."""
+    config = torch._dynamo.config
+    before = config.recompile_limit, config.accumulated_recompile_limit
+    config.recompile_limit = max(before[0], COMPILES_PER_CODE)
+    config.accumulated_recompile_limit = max(before[1], COMPILES_PER_CODE)
+    try:
+        yield
+    finally:
+        config.recompile_limit, config.accumulated_recompile_limit = before
+
+
 def compiling_frame() -> tuple[int, int] | None:
     """The ids dynamo gives the code frame whose graph is being compiled (the same for every
     recompile of that frame, a new one for each frame a graph break resumes in) and this compile

@@ -5,7 +5,7 @@ import os
 import time
 import warnings
 import weakref
-from functools import partial
+from functools import partial, wraps
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -975,8 +975,24 @@ def compile(model: nn.Module, config: PlannerConfig | None = None, **overrides: 
     and ``timelines`` describe each planned graph once the first call has compiled them.
     """
     planned = backend(config, **overrides)
-    compiled = torch.compile(own_frame(model), backend=planned)
+    compiled = _past_compile_limits(torch.compile(own_frame(model), backend=planned))
     compiled.planner_backend = planned
+    return compiled
+
+
+def _past_compile_limits(compiled: nn.Module) -> nn.Module:
+    """``compiled`` (a ``torch.compile``d module), running with dynamo's per-code-object compile
+    limits lifted (:func:`planner._torch_compat.compile_limits_lifted`): the library frames its
+    graph breaks resume in are shared by every model in the process, and past the limit they
+    would run unplanned. The module's own frame is its own (:func:`own_frame`)."""
+    run = compiled.forward
+
+    @wraps(run)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with _torch_compat.compile_limits_lifted():
+            return run(*args, **kwargs)
+
+    compiled.forward = forward
     return compiled
 
 
@@ -1008,5 +1024,5 @@ def compile_blocks(blocks: nn.Module, config: PlannerConfig | None = None, **ove
     named = list(blocks.named_children())
     own_forward([block for _, block in named])
     for name, block in named:
-        setattr(blocks, name, torch.compile(block, backend=planned))
+        setattr(blocks, name, _past_compile_limits(torch.compile(block, backend=planned)))
     return planned

@@ -380,3 +380,33 @@ def test_a_compile_the_step_no_longer_runs_stops_counting_in_it():
     stale = {key for key, part in backend._parts.items() if part.last_step < backend._steps}
     assert stale and len(backend.step) == parts - len(stale)
     assert backend.predicted_step_peak < whole
+
+
+def _library_decorator(forward):
+    """A wrapper every decorated forward shares one code object of (as transformers' are)."""
+    def wrapper(self, x):
+        return forward(self, x)
+    return wrapper
+
+
+class _Decorated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    @_library_decorator
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        torch._dynamo.graph_break()
+        return torch.tanh(h).sum()
+
+
+def test_compiles_of_library_code_shared_by_every_model_never_run_unplanned():
+    # the decorator's wrapper is one code object for every model in the process: each compile
+    # adds a cache entry to it, and past torch's recompile limit (8) it ran eagerly, unplanned
+    counts = []
+    for _ in range(12):
+        compiled = planner.compile(_Decorated(), memory_budget=1.0, **EAGER)
+        compiled(torch.randn(4, 16)).backward()
+        counts.append(len(compiled.planner_backend.graphs))
+    assert counts[0] >= 2 and counts == counts[:1] * 12
