@@ -283,18 +283,18 @@ def main(argv: list[str] | None = None) -> None:
     device, version = torch.cuda.get_device_name(), torch.__version__
     print(f"{device}, torch {version}", flush=True)
     args.deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
-    from planner._torch_compat import COMPILES_PER_CODE
+    from planner._torch_compat import compile_limits_lifted
 
     # every method compiles the same library frames (a decorator's wrapper that graph breaks
     # resume in) many times in one process: past dynamo's limit of 8 they would run eagerly,
     # so each model starts from empty caches and no method runs into the limit
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILES_PER_CODE)
-    for name in args.models:
-        if past_deadline(args):
-            print(f"## {name}: skipped, past --max-seconds", flush=True)
-            continue
-        torch._dynamo.reset()
-        run_model(name, args, rows, lambda: save_rows(args.out.with_suffix(".json"), device, version, rows))
+    with compile_limits_lifted():
+        for name in args.models:
+            if past_deadline(args):
+                print(f"## {name}: skipped, past --max-seconds", flush=True)
+                continue
+            torch._dynamo.reset()
+            run_model(name, args, rows, lambda: save_rows(args.out.with_suffix(".json"), device, version, rows))
     write(rows, args.out, device, version)
 
 
