@@ -72,9 +72,12 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint: np.ndarray,
         cp.Minimize(peak_bytes)
     else:
         weights = np.rint(objective * OBJECTIVE_SCALE).astype(np.int64)
-        cp.Minimize(sum(int(w) * x[k] for k, w in enumerate(weights) if w))
-    for k in np.flatnonzero(model.integral):
-        cp.AddHint(x[k], int(hint[k]))
+        used = np.flatnonzero(weights)
+        cp.Minimize(cp_model.LinearExpr.WeightedSum([x[k] for k in used], [int(w) for w in weights[used]]))
+    hinted = np.flatnonzero(model.integral)
+    hints = _proto(cp).solution_hint
+    hints.vars.extend([x[k].Index() for k in hinted])
+    hints.values.extend([int(v) for v in hint[hinted]])
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, deadline - time.monotonic())
     solver.parameters.num_workers = workers
@@ -100,20 +103,36 @@ def _to_cp_model(model: GraphModel, peak: Limit | None = None,
     """One Boolean per variable (continuous ones are pinned to 0/1 by their rows); each row as a
     linear constraint, memory rows scaled back to whole bytes. A peak column becomes a
     whole number of bytes in ``[0, span]``, returned third (None without one). None if the
-    deadline passes while building (about 25 µs per row)."""
+    deadline passes while building.
+
+    The rows are written into the model's proto directly, one constraint with both bounds per
+    row: building them as CP-SAT linear expressions took about 11 s of a DenseNet-121 plan at
+    budget 0 on a 2-core CPU, and each row's terms are whole numbers already."""
     cp = cp_model.CpModel()
     x = [cp.NewBoolVar(f"x{k}") for k in range(model.num_vars)]
     peak_bytes = None
     if peak is not None:
         peak_bytes = cp.NewIntVar(0, int(math.ceil(peak.span)), "peak_bytes")
         x[peak.col] = peak_bytes
+    index = [v.Index() for v in x]
+    constraints = _proto(cp).constraints
     for r, (cols, coefs, lower, upper) in enumerate(model.constraints(whole=True)):
         if r % 4096 == 0 and time.monotonic() > deadline:
             return None
-        expr = sum(int(round(c / (peak.span if peak is not None and k == peak.col else 1.0))) * x[k]
-                   for k, c in zip(cols, coefs))
-        if lower is not None:
-            cp.Add(expr >= math.ceil(lower - 1e-6))
-        if upper is not None:
-            cp.Add(expr <= math.floor(upper + 1e-6))
+        terms: dict[int, int] = {}
+        for k, c in zip(cols, coefs):
+            weight = int(round(c / (peak.span if peak is not None and k == peak.col else 1.0)))
+            if weight:
+                terms[index[k]] = terms.get(index[k], 0) + weight
+        linear = constraints.add().linear
+        linear.vars.extend(list(terms))
+        linear.coeffs.extend(list(terms.values()))
+        linear.domain.extend([cp_model.INT_MIN if lower is None else math.ceil(lower - 1e-6),
+                              cp_model.INT_MAX if upper is None else math.floor(upper + 1e-6)])
     return cp, x, peak_bytes
+
+
+def _proto(cp: cp_model.CpModel):
+    """The model's proto (a property of OR-Tools' model since 9.8, a method before)."""
+    proto = cp.proto
+    return proto() if callable(proto) else proto
