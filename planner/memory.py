@@ -83,6 +83,8 @@ class Timeline:
     steps: tuple[tuple[str, str, int], ...]
     at_peak: tuple[tuple[str, str, int], ...] = field(default=(), compare=False, repr=False)
     saved_at_peak: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    # bytes alive once the forward has run and freed what its last ops read (None: not counted)
+    forward_end: int | None = None
 
     @property
     def peak(self) -> int:
@@ -91,7 +93,12 @@ class Timeline:
     @property
     def held_after_forward(self) -> int:
         """Bytes alive when the forward ends: what the graph keeps for its backward, with its
-        outputs, while the graphs after it in the step run."""
+        outputs, while the graphs after it in the step run. A step's bytes are those alive while
+        its op runs, its inputs included: the forward's last op's inputs that nothing keeps are
+        freed once it ends (``forward_end``), and a graph that runs several times before its
+        backward, or before other graphs, keeps only what is left."""
+        if self.forward_end is not None:
+            return self.forward_end
         return next((b for phase, _, b in reversed(self.steps) if phase == "forward"), 0)
 
     @property
@@ -553,6 +560,7 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
     walk = _Walk(fuse)
     fwd_out = _outputs(forward)
     walk.run(forward, "forward", keep=fwd_out)
+    forward_end = sum(walk.size[key] for key in walk.live)
     to_caller = _outputs(forward, raw=True)[:num_fwd_outputs]  # by place, as the caller gets them
     kept = [out for k, out in enumerate(to_caller) if k not in released and isinstance(out, fx.Node)]
     held = {key for out in kept for key in walk.keys.get(out, ())}
@@ -564,7 +572,7 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
                            key=lambda item: -item[2]))
     saved_at_peak = tuple(out.name for out, keys in zip(fwd_out[num_fwd_outputs:], saved_keys)
                           if not walk.peak_live.isdisjoint(keys))
-    return Timeline(tuple(walk.steps), at_peak, saved_at_peak)
+    return Timeline(tuple(walk.steps), at_peak, saved_at_peak, forward_end)
 
 
 def _outputs(gm: fx.GraphModule, raw: bool = False) -> list:

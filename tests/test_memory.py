@@ -595,3 +595,22 @@ def test_a_simulation_finds_readers_once_and_forgets_them(name, monkeypatch):
     monkeypatch.setattr(memory, "_graphs_unchanged", contextlib.nullcontext)
     forward, backward = emit(joint.copy(), problem, saved)
     assert simulate(forward, backward, joint.num_fwd_outputs, fuse=True) == timeline
+
+
+def _ends_on_a_temporary(x, w):
+    h = torch.mm(x, w)       # read last by the forward's last op, kept by nothing
+    r = torch.relu(x)        # saved for the backward
+    return h.sum(), r
+
+
+def test_what_a_forward_holds_after_it_ends_is_what_outlives_its_last_op():
+    # a graph run several times before its backward, or before other graphs, keeps only this:
+    # counting the bytes alive while its last op ran (its dead input too) over-counted the step
+    x, w = torch.randn(8, 6), torch.randn(6, 64)
+    forward = _traced(_ends_on_a_temporary, x, w)
+    outs = forward(x, w)
+    backward = _traced(lambda r, tangent: (torch.mul(r, tangent),), outs[1], torch.ones(()))
+    timeline = simulate(forward, backward, num_fwd_outputs=1)
+    last = [b for phase, _, b in timeline.steps if phase == "forward"][-1]
+    assert timeline.held_after_forward == sum(o.untyped_storage().nbytes() for o in outs)
+    assert last == timeline.held_after_forward + 8 * 64 * 4  # the sum still read the product
