@@ -83,8 +83,8 @@ class Timeline:
     steps: tuple[tuple[str, str, int], ...]
     at_peak: tuple[tuple[str, str, int], ...] = field(default=(), compare=False, repr=False)
     saved_at_peak: tuple[str, ...] = field(default=(), compare=False, repr=False)
-    # bytes alive once the forward has run and freed what its last ops read (None: not counted)
-    forward_end: int | None = None
+    # bytes alive once the forward has run and freed what its last ops read
+    forward_end: int = 0
 
     @property
     def peak(self) -> int:
@@ -97,9 +97,7 @@ class Timeline:
         its op runs, its inputs included: the forward's last op's inputs that nothing keeps are
         freed once it ends (``forward_end``), and a graph that runs several times before its
         backward, or before other graphs, keeps only what is left."""
-        if self.forward_end is not None:
-            return self.forward_end
-        return next((b for phase, _, b in reversed(self.steps) if phase == "forward"), 0)
+        return self.forward_end
 
     @property
     def forward_peak(self) -> int:

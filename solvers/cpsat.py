@@ -75,7 +75,7 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint: np.ndarray,
         used = np.flatnonzero(weights)
         cp.Minimize(cp_model.LinearExpr.WeightedSum([x[k] for k in used], [int(w) for w in weights[used]]))
     hinted = np.flatnonzero(model.integral)
-    hints = _proto(cp).solution_hint
+    hints = cp.proto.solution_hint
     hints.vars.extend([x[k].Index() for k in hinted])
     hints.values.extend([int(v) for v in hint[hinted]])
     solver = cp_model.CpSolver()
@@ -115,7 +115,7 @@ def _to_cp_model(model: GraphModel, peak: Limit | None = None,
         peak_bytes = cp.NewIntVar(0, int(math.ceil(peak.span)), "peak_bytes")
         x[peak.col] = peak_bytes
     index = [v.Index() for v in x]
-    constraints = _proto(cp).constraints
+    constraints = cp.proto.constraints
     for r, (cols, coefs, lower, upper) in enumerate(model.constraints(whole=True)):
         if r % 4096 == 0 and time.monotonic() > deadline:
             return None
@@ -130,9 +130,3 @@ def _to_cp_model(model: GraphModel, peak: Limit | None = None,
         linear.domain.extend([cp_model.INT_MIN if lower is None else math.ceil(lower - 1e-6),
                               cp_model.INT_MAX if upper is None else math.floor(upper + 1e-6)])
     return cp, x, peak_bytes
-
-
-def _proto(cp: cp_model.CpModel):
-    """The model's proto (a property of OR-Tools' model since 9.8, a method before)."""
-    proto = cp.proto
-    return proto() if callable(proto) else proto
