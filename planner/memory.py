@@ -18,8 +18,11 @@ Both follow the same rules, read from node metadata:
   (inductor then stores it rather than recompute it in each reader: its
   ``realize_reads_threshold``); a fused value's inputs are read when the
   kernel computing it runs. A fused kernel may write its output into an input of the same
-  size that it reads last (inductor's in-place reuse); the schedule counts this in the backward
-  only, so in the forward its bound stays at or above the simulation;
+  size that it reads last (inductor's in-place reuse), but never into a tangent: the backward's
+  tangents are graph inputs inductor does not own (saved values are donated to it, tangents
+  are not; an output the step never uses gets a tangent of zeros the autograd engine makes);
+  the schedule counts this in the backward only, so in the forward its bound stays at or above
+  the simulation;
 * a library kernel (a matrix product, a convolution, attention: :func:`library_kernel`) on a
   CUDA device also holds the scratch memory measured for it (:mod:`planner.workspace`: a cuDNN
   workspace, an attention backward's accumulators) while it runs, at its own step only. The
@@ -594,6 +597,7 @@ class _Walk:
         self.peak_live: frozenset = frozenset()
         self.peak = -1
         self.far: frozenset = frozenset()  # the phase's reductions stored, not fused (far_epilogues)
+        self.tangents: set[object] = set()  # storages no kernel writes into (inputs it does not own)
 
     def run(self, gm: fx.GraphModule, phase: str, keep: list, carried: dict | None = None, held: set = frozenset()):
         carried = carried or {}
@@ -634,7 +638,7 @@ class _Walk:
         output into it in place (its ``# reuse``), so the output adds nothing."""
         size = self.size[key]
         for old in self.live:
-            if size and old not in kept and last.get(old, -1) == k and self.size[old] == size:
+            if size and old not in kept and old not in self.tangents and last.get(old, -1) == k and self.size[old] == size:
                 return {old}
         return set()
 
@@ -647,7 +651,9 @@ class _Walk:
                 return self._new((phase, node.name), self.copies[node])  # its channels-last copy
             if phase == "forward":
                 return (), ()  # an input or parameter, held before the step
-            return self._new((phase, node.name), _value_bytes(node.meta.get("val")))  # a tangent
+            new = self._new((phase, node.name), _value_bytes(node.meta.get("val")))  # a tangent
+            self.tangents.update(new[0])
+            return new
         if node.op != "call_function":
             return (), ()
         base = _shared_input(node)
@@ -804,7 +810,8 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
         end = T - 1 if node in grads else max([start] + [kernel[r] for r in reading if r in kernel])
         delta[start] += size
         delta[end + 1] -= size
-        reuse_base[end] |= node not in grads and start < end and reuse[end] == size
+        owned = node not in grads and node.op != "placeholder"  # a tangent is not inductor's to write into
+        reuse_base[end] |= owned and start < end and reuse[end] == size
     for node in steps:  # multi-output ops: each output is allocated when the op runs
         val = node.meta.get("val")
         if isinstance(val, (tuple, list)):

@@ -16,8 +16,8 @@ the backward steps in the order the emitter writes them. A plan's memory at each
   those kernels, so its inputs stay alive until its last reader has run. The outputs of a
   recomputed multi-output op are made together, with the op. A backward kernel may write its
   output into a storage of the same size that it reads last (inductor's in-place reuse): a
-  backward value, or a saved value or copy whose last reader it is; the output then adds
-  nothing at that step.
+  backward value other than a tangent, or a saved value or copy whose last reader it is; the
+  output then adds nothing at that step.
 
 A graph that runs ``repeats`` times before its backward (one compiled block run for each
 layer) keeps the saved values and RNG states of its other runs alive at every step of one run:

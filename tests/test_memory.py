@@ -614,3 +614,53 @@ def test_what_a_forward_holds_after_it_ends_is_what_outlives_its_last_op():
     last = [b for phase, _, b in timeline.steps if phase == "forward"][-1]
     assert timeline.held_after_forward == sum(o.untyped_storage().nbytes() for o in outs)
     assert last == timeline.held_after_forward + 8 * 64 * 4  # the sum still read the product
+
+
+def _scale_tangent(x, w, tangent):
+    return (torch.mm(x.t(), torch.mul(tangent, 2.0)),)
+
+
+def _scale_product(x, w, tangent):
+    return (torch.mm(x.t(), torch.mul(torch.mm(tangent, w), 2.0)),)
+
+
+@pytest.mark.parametrize("backward_fn, written_in_place", [(_scale_tangent, False), (_scale_product, True)])
+def test_a_backward_kernel_writes_in_place_into_its_own_storages_never_a_tangent(backward_fn, written_in_place):
+    # inductor reuses a buffer it allocated (or a saved value donated to it), never a tangent: an
+    # output the step does not use gets zeros from the autograd engine, alive beside its reader's
+    x, w = torch.randn(8, 6), torch.randn(4, 4)
+    forward = _traced(lambda x, w: (torch.mm(x, torch.ones(6, 4)).sum(), x.clone()), x, w)
+    backward = _traced(backward_fn, x, w, torch.ones(8, 4))
+    timeline = simulate(forward, backward, num_fwd_outputs=1, fuse=True)
+    scaled = next(n.name for n in backward.graph.nodes if n.target is aten.mul.Tensor)
+    at_scale = next(b for phase, name, b in timeline.steps if phase == "backward" and name == scaled)
+    one = 8 * 4 * 4  # a tangent, a product and the scaled value are each this size
+    saved, loss = 8 * 6 * 4, 4  # the saved copy of x, the loss the caller keeps
+    assert at_scale == saved + loss + (one if written_in_place else 2 * one)
+
+
+class _LossAndScaled(torch.nn.Module):
+    """A loss and scaled logits, both returned (the caller keeps both)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(6, 4))
+
+    def forward(self, x):
+        logits = x @ self.w
+        return logits.sum(), logits * 3.0
+
+
+def test_the_schedule_writes_no_backward_output_into_a_tangent():
+    # the logits' gradient (the scaled logits' tangent times 3 plus the loss's tangent) is one
+    # kernel that reads that tangent last, the only storage of its size it could write into
+    model, x = _LossAndScaled(), torch.randn(8, 6)
+    joint = planner.capture(model, [x], codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    plan = runtime_optimal_plan(problem)
+    forward, backward = emit(joint, problem, [problem.names[i] for i in np.flatnonzero(plan.saved)])
+    simulated = [b for phase, _, b in simulate(forward, backward, joint.num_fwd_outputs, fuse=True).steps
+                 if phase == "backward"]
+    assert memory_profile(problem, plan).backward.tolist() == simulated
+    scaled = 8 * 4 * 4  # kept by the caller; its tangent and the logits' gradient are as large
+    assert max(simulated) >= 3 * scaled
