@@ -26,13 +26,17 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     each value is alive (its :class:`~planner.schedule.Schedule`; ``fuse`` for inductor;
     ``repeats``: times the graph's forward runs before its backward in one step).
 
-    A graph that runs once and hands its outputs on (:func:`hands_on`) keeps its saved values
-    through the rest of the step, which runs between its forward and its backward: later graphs
-    (DDP's graph per bucket, graph breaks) or the caller's loss. The schedule gets a step for it
+    A graph that hands its outputs on (:func:`hands_on`) keeps its saved values through the
+    rest of the step, which runs between its forward and its backward: later graphs (DDP's
+    graph per bucket, graph breaks) or the caller's loss. The schedule gets a step for it
     (:func:`planner.schedule.with_rest_of_step`) at which the rest of the step needs
     ``rest_bytes`` (what a step was seen to need there), or, before a step has been seen, this
     graph's own least peak (the frugal reference's): saving more then costs memory however low
-    the graph's own peak is, so a budget orders what it holds for the rest of the step.
+    the graph's own peak is, so a budget orders what it holds for the rest of the step. A graph
+    that runs several times before its backward gets that step only once a step has been seen
+    (its other runs count before): all its runs' saved values and kept outputs are alive there,
+    as they are while the graphs after a model's repeated layers run (a layer resumed after a
+    graph break, an encoder's layers under a decoder's).
     ``beside_backward`` bytes are alive at every step of its backward besides its own (the
     gradients that graphs whose backwards ran before it leave, once a step has been seen).
 
@@ -95,8 +99,8 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
         schedule=with_backward_beside(replace(build_schedule(joint, fuse), repeats=repeats), beside_backward),
         save_seconds=save_seconds,
     )
-    if repeats == 1 and hands_on(joint):
-        problem = _with_rest_of_step(problem, rest_bytes, _released_bytes(joint))
+    if (repeats == 1 or rest_bytes is not None) and hands_on(joint):
+        problem = _with_rest_of_step(problem, rest_bytes, _released_bytes(joint), repeats)
     return problem
 
 
@@ -120,18 +124,20 @@ def hands_on(joint: JointGraph) -> bool:
     )
 
 
-def _with_rest_of_step(problem: Problem, rest_bytes: int | None = None, released: int = 0) -> Problem:
+def _with_rest_of_step(problem: Problem, rest_bytes: int | None = None, released: int = 0,
+                       repeats: int = 1) -> Problem:
     """``problem`` with the rest of the step between its forward and its backward, needing
     ``rest_bytes``, else the graph's own least peak (see :func:`build_problem`); alive with it
     are the graph's outputs (``released``: the bytes of those the caller frees before the
-    backward, which the schedule does not hold) and the input copies its backward reads."""
+    backward, which the schedule does not hold), the outputs its other ``repeats`` kept, and
+    the input copies its backward reads (the schedule adds the other runs' saved values)."""
     from solvers.reference import reference_plan
 
     s = problem.schedule
     own = s.owns
-    held = int(problem.nbytes[own & s.held.astype(bool)].sum()) + released
+    kept = int(problem.nbytes[own & s.held.astype(bool)].sum())
     rest = reference_plan(problem).peak_bytes if rest_bytes is None else rest_bytes
-    entry = held + int(s.fwd_base[-1] if len(s.fwd_base) else 0) + rest
+    entry = repeats * kept + released + int(s.fwd_base[-1] if len(s.fwd_base) else 0) + rest
     return replace(problem, schedule=with_rest_of_step(s, entry))
 
 

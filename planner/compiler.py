@@ -19,7 +19,7 @@ from estimators import get_estimator
 from estimators.base import Estimator
 from planner import _torch_compat, offload
 from planner.bounds import named_plan, runtime_optimal_plan
-from planner.build import build_problem, estimate_step_seconds
+from planner.build import build_problem, estimate_step_seconds, hands_on
 from planner.tracing import make_backend
 from planner.config import PlannerConfig
 from planner.decision import Decision, Status
@@ -793,7 +793,11 @@ class PlannerBackend:
             return
         repeats = self._repeats_of(key)
         old = self.graphs[part.index]
-        rest = self.rest_after(key) if repeats == 1 and _has_rest_of_step(old) else None
+        # the rest of the step after a repeated graph's last run: none where nothing planned runs
+        # there (a model compiled block by block), as its other runs count before it is seen
+        rest = self.rest_after(key) if hands_on(joint) else None
+        if repeats > 1 and not rest:
+            rest = None
         seen = repeats, rest, self.grads_after(key), part.released or ()
         planned = part.repeats, part.rest_bytes, part.beside_backward, joint.released
         if seen == planned:
@@ -845,10 +849,6 @@ def _leaf_grad_bytes(inputs: list, gm: fx.GraphModule | None) -> int:
     leaves = {t.data_ptr(): t for t in [*inputs, *params]
               if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf}
     return sum(t.numel() * t.element_size() for t in leaves.values())
-
-
-def _has_rest_of_step(graph_plan: GraphPlan) -> bool:
-    return graph_plan.problem.schedule.step_names[:1] == (REST_OF_STEP,)
 
 
 class _CountedRuns:

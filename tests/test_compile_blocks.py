@@ -118,3 +118,29 @@ def test_thirty_two_blocks_compiled_one_by_one_are_solved_once():
         model(*batch).backward()
     assert len(backend.graphs) == 1 and backend.repeats == 32
     assert list(backend.runs.values()) == [32]
+
+
+def test_a_repeated_block_holds_the_least_through_a_larger_graph_after_it():
+    # a layer resumed after a graph break (or an encoder's layers under a decoder's) runs several
+    # times, then other graphs run before its backward; planned for its own least peak, the block
+    # kept one more activation per run, alive under the head's backward, which sets the step's peak
+    model, _ = gpt_example(FOUR)
+    blocks, head = copy.deepcopy(model).blocks, torch.nn.Linear(FOUR.d_model, 4096)
+    backend = planner.PlannerBackend(planner.PlannerConfig(memory_budget=0.0, **EXACT))
+    planner.frames.own_forward([*blocks, head])
+    for module in [*blocks, head]:
+        module.compile(backend=backend)
+    x = torch.randn(FOUR.batch, FOUR.seq_len, FOUR.d_model, requires_grad=True)
+    labels = torch.zeros(FOUR.batch * FOUR.seq_len, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*before its backward")  # planned again for its 4 runs
+        for _ in range(3):  # compiled, seen and planned again, run as planned
+            out = x
+            for block in blocks:
+                out = block(out)
+            torch.nn.functional.cross_entropy(head(out).flatten(0, 1), labels).backward()
+    (block_part, block_line), (head_part, head_line) = backend._live.items()
+    assert backend._repeats_of(block_part) == 4 and backend._repeats_of(head_part) == 1
+    assert head_line.peak > 4 * block_line.peak  # the head's backward sets the step's peak
+    assert block_line.held_after_forward == out.numel() * out.element_size()  # its output alone
+    assert backend.predicted_step_peak == 4 * block_line.held_after_forward + head_line.peak
