@@ -541,6 +541,10 @@ class _Part:
     simulated: tuple | None = None
     waiting: Any = ()  # its compiled graph's runs waiting for their backward (_CountedRuns.waiting)
     last_step: int | None = None  # the backend's count of steps at its latest training run
+    # bytes alive as its runs began that no planned graph holds (code outside the compiled graphs),
+    # measured on a CUDA device in the step ``outside_step`` (PlannerBackend._measure_outside)
+    outside: int = 0
+    outside_step: int | None = None
 
 
 class PlannerBackend:
@@ -589,6 +593,9 @@ class PlannerBackend:
         self._place = 0  # its place among the graphs that compile handed over
         self._variant = False  # a compile of a frame whose earlier compile runs in the same step
         self._steps, self._backward_begun = 0, False  # training steps seen, told apart by backwards
+        # the step measured, the device's allocated bytes as its first run began, and the bytes
+        # the planned graphs that ran since are predicted to hold (see _measure_outside)
+        self._step_start: tuple[int, int, int] | None = None
         self._replanning: Any = None  # the part planned again now, outside dynamo's compile
         # fusions inductor would have made in the planned backwards that the compile guard refused
         # (planner._torch_compat.fusion_distance_guard), over every graph compiled so far
@@ -665,7 +672,29 @@ class PlannerBackend:
             if part == key:
                 break
             held += self._repeats_of(part) * timeline.held_after_forward
-        return held
+        return held + self._outside(key)
+
+    def _outside(self, part: Any) -> int:
+        return self._parts[part].outside if part in self._parts else 0
+
+    def _measure_outside(self, key: Any, args: tuple) -> None:
+        """Before a training run of ``key``'s graph: the bytes the device has allocated since the
+        step's first run began, less what the planned graphs that ran since hold, are held by
+        code outside the compiled graphs (eager code between graph breaks: a mask, a norm, what
+        autograd saves for them). Measured on a CUDA device only, in the first
+        ``OUTSIDE_MEASURED_STEPS`` steps; the latest of them counts."""
+        now = _allocated(args)
+        part = self._parts.get(key)
+        if now is None or part is None:
+            return
+        if self._step_start is None or self._step_start[0] != self._steps:
+            self._step_start = (self._steps, now, 0)
+        step, start, held = self._step_start
+        outside = max(0, now - start - held)
+        part.outside = outside if part.outside_step != step else max(part.outside, outside)
+        part.outside_step = step
+        timeline = self._step.get(key)
+        self._step_start = (step, start, held + (timeline.held_after_forward if timeline is not None else 0))
 
     def _planned_repeats(self, part: Any) -> int:
         return self._parts[part].repeats if part in self._parts else self.repeats
@@ -690,7 +719,10 @@ class PlannerBackend:
     def predicted_step_peak(self) -> int:
         """Predicted peak activation memory of the step, over the latest graph of each part:
         the largest of each graph's simulated peak plus what the graphs before it hold, and in
-        its backward, the gradients the graphs after it left (their backwards ran first)."""
+        its backward, the gradients the graphs after it left (their backwards ran first). On a
+        CUDA device, once a step has run, what code outside the compiled graphs held as each
+        graph began counts beside it, forward and backward (eager code between graph breaks
+        is freed by its own backward, after the graphs after it ran theirs)."""
         return self._step_peak()
 
     def _step_peak(self, backward: bool = True, after: Any = None) -> int:
@@ -700,11 +732,13 @@ class PlannerBackend:
         live = self._live
         parts = list(live)
         held = peak = 0
+        before = self._outside(after) if after is not None else 0  # counted with ``after``'s own holds
         for part in parts[parts.index(after) + 1:] if after is not None else parts:
             timeline, repeats = live[part], self._repeats_of(part)
             own = (max(timeline.forward_peak, timeline.backward_peak + self.grads_after(part)) if backward
                    else timeline.forward_peak)
-            peak = max(peak, held + (repeats - 1) * timeline.held_after_forward + own)
+            outside = max(0, self._outside(part) - before)
+            peak = max(peak, held + outside + (repeats - 1) * timeline.held_after_forward + own)
             held += repeats * timeline.held_after_forward
         return peak
 
@@ -714,7 +748,8 @@ class PlannerBackend:
     def rest_after(self, part: Any) -> int:
         """Predicted peak of what runs between the forward and the backward of ``part``: the
         graphs after it in the step (their forwards, then their backwards), beside what ``part``
-        itself holds. Code outside the compiled graphs is not seen."""
+        itself holds, with what code outside the compiled graphs made after it began (measured
+        on a CUDA device, see :meth:`predicted_step_peak`)."""
         return self._step_peak(after=part)
 
     def grads_after(self, part: Any) -> int:
@@ -851,6 +886,12 @@ def _leaf_grad_bytes(inputs: list, gm: fx.GraphModule | None) -> int:
     return sum(t.numel() * t.element_size() for t in leaves.values())
 
 
+# the first steps in which what code outside the compiled graphs holds is measured (the replans
+# and the predictions read it); later steps skip the allocator's statistics: a dictionary of every
+# counter a read, 127 µs a call on the H200 machine's host (scratch timing, torch 2.11)
+OUTSIDE_MEASURED_STEPS = 3
+
+
 class _CountedRuns:
     """A compiled graph that tells its backend how many of its runs wait for their backward
     when one begins it: each training run leaves a token, alive until its backward starts or
@@ -869,6 +910,8 @@ class _CountedRuns:
             if backend._backward_begun:  # the first run of a new step
                 backend._steps, backend._backward_begun = backend._steps + 1, False
             part.last_step = backend._steps
+            if backend._steps < OUTSIDE_MEASURED_STEPS:
+                backend._measure_outside(self.part, args)
         replan = (part is not None and not part.seen and not self.waiting and self.part in backend.runs
                   and backend._replans(self.part))
         if part is not None and (part.grad_bytes is None or replan):  # until measured and planned again
@@ -906,6 +949,19 @@ class _CountedRuns:
             for node in nodes.values():
                 node.register_prehook(begin_backward)
         return out
+
+
+def _allocated(args: tuple) -> int | None:
+    """Bytes the CUDA allocator holds for tensors on the device of a run's first tensor
+    argument; None off CUDA (no allocator statistics to read) and across several ranks, whose
+    plans must not depend on what each rank measures (each would plan again on its own)."""
+    flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+    first = next((x for x in flat if isinstance(x, torch.Tensor)), None)
+    if first is None or first.device.type != "cuda":
+        return None
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        return None
+    return torch.cuda.memory_allocated(first.device)
 
 
 def _fake_call(args: tuple) -> bool:

@@ -410,3 +410,35 @@ def test_compiles_of_library_code_shared_by_every_model_never_run_unplanned():
         compiled(torch.randn(4, 16)).backward()
         counts.append(len(compiled.planner_backend.graphs))
     assert counts[0] >= 2 and counts == counts[:1] * 12
+
+
+@pytest.mark.parametrize("eager_bytes", [0, 5000])
+def test_what_code_outside_the_graphs_holds_counts_in_the_steps_prediction(monkeypatch, eager_bytes):
+    # eager code between graph breaks (a mask, a norm, what autograd saves for them) holds memory
+    # no graph plans: on a CUDA device the allocator shows it as the next graph begins. Here the
+    # allocator is played: it reports what the first graph is predicted to hold, plus eager_bytes
+    torch.manual_seed(0)
+    model, inputs = TwoGraphs(), (torch.randn(128, 64),)
+    compiled = planner.compile(model, **EAGER)
+    backend = compiled.planner_backend
+    first_runs: list = []
+
+    def allocated(args):
+        if not first_runs or first_runs[-1] == "second":  # runs alternate: first graph, second graph
+            first_runs.append("first")
+            return 10_000
+        first_runs.append("second")
+        return 10_000 + backend.step[0].held_after_forward + eager_bytes
+
+    monkeypatch.setattr(planner.compiler, "_allocated", allocated)
+    for _ in range(5):
+        compiled(*inputs).backward()
+    # read as each graph's run began in the first steps alone (the allocator's statistics cost)
+    assert len(first_runs) == 2 * planner.compiler.OUTSIDE_MEASURED_STEPS < 2 * 5
+    (first, first_line), (second, second_line) = backend._live.items()
+    assert backend._parts[first].outside == 0 and backend._parts[second].outside == eager_bytes
+    # the second graph's backward runs first, so no gradients of later graphs are alive in it
+    second_term = first_line.held_after_forward + eager_bytes + max(second_line.forward_peak, second_line.backward_peak)
+    first_term = max(first_line.forward_peak, first_line.backward_peak + backend.grads_after(first))
+    assert backend.predicted_step_peak == max(first_term, second_term)
+    assert second_term > first_term  # so the eager bytes raise the step's prediction
