@@ -29,7 +29,6 @@ from planner.emit import Transfer, emit
 from planner.errors import PlanFileError
 from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph, copy_module
-from planner.schedule import REST_OF_STEP
 from planner.memory import Timeline, simulate
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
 from solvers import get_solver
