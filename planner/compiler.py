@@ -950,14 +950,19 @@ class _CountedRuns:
         return out
 
 
+def _first_tensor(args: tuple) -> torch.Tensor | None:
+    """A run's first tensor argument (a boxed call passes one list of them)."""
+    flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+    return next((x for x in flat if isinstance(x, torch.Tensor)), None)
+
+
 def _allocated(args: tuple) -> int | None:
     """Bytes the CUDA allocator holds for tensors on the device of a run's first tensor
     argument; None off CUDA (no allocator statistics to read), off the process's current
     device (a model spread over devices in one process: one device's figures are not another's)
     and across several ranks, whose plans must not depend on what each rank measures (each
     would plan again on its own)."""
-    flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
-    first = next((x for x in flat if isinstance(x, torch.Tensor)), None)
+    first = _first_tensor(args)
     if first is None or first.device.type != "cuda" or first.device.index not in (None, torch.cuda.current_device()):
         return None
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
@@ -967,8 +972,7 @@ def _allocated(args: tuple) -> int | None:
 
 def _fake_call(args: tuple) -> bool:
     """A call on fake tensors (a compile's), told by its first tensor argument."""
-    flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
-    first = next((x for x in flat if isinstance(x, torch.Tensor)), None)
+    first = _first_tensor(args)
     return first is not None and _torch_compat.is_fake(first)
 
 
