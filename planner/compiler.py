@@ -24,7 +24,7 @@ from planner.tracing import make_backend
 from planner.config import PlannerConfig
 from planner.decision import Decision, Status
 from planner.decisions import decision_key, reuse_or_solve
-from planner.distributed import agree_on_graph, decide_on_rank0
+from planner.distributed import agree_on_graph, decide_on_rank0, world
 from planner.emit import Transfer, emit
 from planner.errors import PlanFileError
 from planner.frames import own_forward, own_frame
@@ -965,7 +965,7 @@ def _allocated(args: tuple) -> int | None:
     first = _first_tensor(args)
     if first is None or first.device.type != "cuda" or first.device.index not in (None, torch.cuda.current_device()):
         return None
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+    if world()[1] > 1:
         return None
     return torch.cuda.memory_allocated(first.device)
 
