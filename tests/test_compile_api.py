@@ -442,3 +442,34 @@ def test_what_code_outside_the_graphs_holds_counts_in_the_steps_prediction(monke
     first_term = max(first_line.forward_peak, first_line.backward_peak + backend.grads_after(first))
     assert backend.predicted_step_peak == max(first_term, second_term)
     assert second_term > first_term  # so the eager bytes raise the step's prediction
+
+
+def test_counted_graphs_run_straight_through_after_the_first_steps_and_new_shapes_count_afresh():
+    # counting runs costs a token and an autograd hook per run: after COUNTED_STEPS steps, each
+    # graph measured and planned again, runs go straight through and leave no token
+    torch.manual_seed(0)
+    model = TwoGraphs()
+    compiled = planner.compile(model, **EAGER)
+    backend = compiled.planner_backend
+    for _ in range(planner.compiler.COUNTED_STEPS + 2):
+        compiled(torch.randn(128, 64)).backward()
+    parts = [part for part in backend._parts.values()]
+    assert len(parts) == 2 and all(part.seen and part.released is not None for part in parts)
+    runs = dict(backend.runs)
+    compiled(torch.randn(128, 64))  # a forward whose backward never runs: once counted, a waiting run
+    assert not any(len(part.waiting) for part in parts) and backend.runs == runs
+    assert all(part.last_step == backend._steps for part in parts)
+    # new shapes compile again: those graphs count their runs, and the step goes on being counted
+    steps = backend._steps
+    for _ in range(2):
+        compiled(torch.randn(32, 64)).backward()
+    fresh = [part for part in backend._parts.values() if part not in parts]
+    # (the second step is the first to begin after a counted backward)
+    assert fresh and backend._steps == steps + 1 and all(part.released is not None for part in fresh)
+    expected = TwoGraphs()
+    expected.load_state_dict(model.state_dict())
+    x = torch.randn(32, 64)
+    compiled.zero_grad(), compiled(x).backward()
+    expected(x).backward()
+    for (name, p), q in zip(model.named_parameters(), expected.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=name)
