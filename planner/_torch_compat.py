@@ -32,7 +32,6 @@ __all__ = [
     "split_saved_names",
     "pytorch_split_modules",
     "compiled_as_pytorch",
-    "fused_freely",
     "compiling_frame",
     "mutated_primals",
     "gpu_spin",
@@ -191,13 +190,9 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     stock = {key: getattr(inductor_config, key) for key in own} | dict(options or {})
 
     def inner_compile(module: fx.GraphModule, inputs: list, **kwargs: Any) -> Any:
-        if compiled_as_pytorch(module):
-            settings = stock
-        elif fused_freely(module):
-            settings = {"_pre_fusion_custom_pass": stock["_pre_fusion_custom_pass"]} if "_pre_fusion_custom_pass" in own else {}
-        else:
+        if not compiled_as_pytorch(module):
             return compile_fx_inner(module, inputs, **kwargs)
-        with inductor_config.patch(settings):
+        with inductor_config.patch(stock):
             return compile_fx_inner(module, inputs, **kwargs)
 
     patches = {"custom_partitioner_fn": _Partitioner(), "fx_graph_cache": False, **own, **(options or {})}
@@ -206,7 +201,6 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
 
 
 _AS_PYTORCH = "acplan_compiled_as_pytorch"  # output node meta: compile this module as torch.compile does
-_FUSED_FREELY = "acplan_fused_freely"  # output node meta: no fusion distance guard in this module's compile
 
 
 def compiled_as_pytorch(module: fx.GraphModule, mark: bool = False) -> bool:
@@ -218,16 +212,6 @@ def compiled_as_pytorch(module: fx.GraphModule, mark: bool = False) -> bool:
     if mark:
         output.meta[_AS_PYTORCH] = True
     return bool(output.meta.get(_AS_PYTORCH))
-
-
-def fused_freely(module: fx.GraphModule, mark: bool = False) -> bool:
-    """Whether ``module`` (a backward a partition function returns) is compiled without the
-    fusion distance guard (:func:`fusion_distance_guard`), fused as inductor fuses it; with
-    ``mark``, mark it so first (on its output node, as :func:`compiled_as_pytorch` does)."""
-    output = next(iter(module.graph.find_nodes(op="output")))
-    if mark:
-        output.meta[_FUSED_FREELY] = True
-    return bool(output.meta.get(_FUSED_FREELY))
 
 
 def pytorch_split_modules(joint: fx.GraphModule, joint_inputs: list, num_fwd_outputs: int,
@@ -296,12 +280,6 @@ def fusion_distance_guard(limit: int = FUSION_DISTANCE, counts: Any = None) -> C
     matrix product whose later kernel writes anything other than a reduction (a value of its
     whole iteration space) is refused too; a reduction (a bias's gradient summed where the
     gradient is made) still moves up, its output a row.
-
-    The guard trades step time for memory: each refusal is one more kernel to launch. At budget
-    1.0, which asks for the fastest step, the planner compiles its own backwards without it
-    (:func:`fused_freely`): Mixtral at 1.0 on an H200 had 28 refusals, 18 more launches per step
-    than torch.compile's and a 1.146x step with the guard, 0.997x without, at the same measured
-    peak (0.597 GiB; scratch measurement, torch 2.11).
     """
     def guard(nodes: list) -> list:
         from torch._inductor.virtualized import V

@@ -632,8 +632,6 @@ class PlannerBackend:
         else:
             transfers = {n: Transfer(*decision.transfers.get(n, (None, None))) for n in decision.offloaded}
             forward, backward = emit(joint, graph_plan.problem, decision.saved, transfers)
-            if self.config.budget.fraction == 1.0:
-                _torch_compat.fused_freely(backward, mark=True)  # 1.0 asks for time: see fusion_distance_guard
         fuse = self.config.codegen == "inductor"
         timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=joint.released)
         if part is not None and part.released is None:  # kept to count again once a step shows what it frees

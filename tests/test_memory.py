@@ -8,7 +8,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import planner
 from estimators import get_estimator
 from planner._torch_compat import FUSION_DISTANCE
-from planner.compiler import compiles_as_pytorch
 from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.build import build_problem
 from planner.emit import emit
@@ -525,31 +524,6 @@ def test_the_planner_backend_counts_the_fusions_its_guard_refuses():
     assert_same_step(MODELS["mlp"], run)
     (backend,) = backends
     assert backend.fusions_refused.refused == backend.fusions_refused.refused_across > 0
-
-
-@pytest.mark.parametrize("marks_read", [True, False])
-def test_at_budget_1_the_planners_own_backward_is_fused_as_inductor_fuses_it(monkeypatch, marks_read):
-    """Budget 1.0 asks for the fastest step: the planner's own backward (``fast_end="model"``,
-    so not PyTorch's split) is compiled without the guard, whose refusals each cost a kernel.
-    With the mark ignored, the same backward has fusions the guard refuses; the step trains
-    like eager either way."""
-    from tests.models import MODELS
-    from tests.training import assert_same_step
-
-    if not marks_read:
-        monkeypatch.setattr(planner._torch_compat, "fused_freely", lambda module, mark=False: False)
-    backends = []
-
-    def run(model, inputs):
-        compiled = planner.compile(model, memory_budget=1.0, fast_end="model", codegen="inductor", time_limit=5)
-        backends.append(compiled.planner_backend)
-        return compiled
-
-    torch._dynamo.reset()
-    assert_same_step(MODELS["views_inplace"], run)
-    (backend,) = backends
-    assert not any(compiles_as_pytorch(g.decision) for g in backend.graphs)
-    assert (backend.fusions_refused.refused == 0) == marks_read
 
 
 def _masked_attentions(q, b, c):
