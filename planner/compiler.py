@@ -565,6 +565,11 @@ class PlannerBackend:
     (:meth:`rest_after`) instead of its own least peak. Where the plan changes, the graph is
     compiled again (once) and the new modules run from then on; ``replanned`` lists those parts.
 
+    ``whole_model`` (set by :func:`compile`): the backend compiles a whole model, where a graph
+    run more often than it was planned for is a frame a graph break resumes in, run once per
+    layer; it is planned again for its runs without a warning (a warning still says when it
+    cannot be, and for blocks compiled one by one, names :func:`compile_blocks`).
+
     ``fusions_refused`` (``refused``, ``refused_across``) counts, over its compiled graphs, the
     fusions inductor would have made in planned backwards that the compile guard refused
     (:func:`planner._torch_compat.fusion_distance_guard`; inductor codegen only).
@@ -599,6 +604,7 @@ class PlannerBackend:
         # fusions inductor would have made in the planned backwards that the compile guard refused
         # (planner._torch_compat.fusion_distance_guard), over every graph compiled so far
         self.fusions_refused = SimpleNamespace(refused=0, refused_across=0)
+        self.whole_model = False  # compiles a whole model (planner.compile), not blocks one by one
         self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_settings(),
                                                self.fusions_refused)
 
@@ -804,7 +810,9 @@ class PlannerBackend:
         if waiting > self.runs.get(part, 0):
             self.runs[part] = waiting
             planned = self._planned_repeats(part)
-            if waiting > planned:
+            # in a whole model (planner.compile), a graph run more often than planned is a frame a
+            # graph break resumes in, run once per layer: planned again, as expected, unless it cannot be
+            if waiting > planned and not (self.whole_model and self._replans(part)):
                 then = (f"it is planned again for {waiting} runs when it next runs" if self._replans(part) else
                         "the saved values of its other runs are outside the memory budget")
                 warnings.warn(
@@ -1059,6 +1067,7 @@ def compile(model: nn.Module, config: PlannerConfig | None = None, **overrides: 
     and ``timelines`` describe each planned graph once the first call has compiled them.
     """
     planned = backend(config, **overrides)
+    planned.whole_model = True
     compiled = _past_compile_limits(torch.compile(own_frame(model), backend=planned))
     compiled.planner_backend = planned
     return compiled

@@ -473,3 +473,48 @@ def test_counted_graphs_run_straight_through_after_the_first_steps_and_new_shape
     expected(x).backward()
     for (name, p), q in zip(model.named_parameters(), expected.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+class _BrokenLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(32, 64), nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.up(x))
+        torch._dynamo.graph_break()  # as a library's decorator breaks each layer
+        return x + self.down(h)
+
+
+class _BreakInEveryLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_BrokenLayer() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x.pow(2).mean()
+
+
+@pytest.mark.parametrize("replan", [True, False])
+def test_a_whole_model_whose_break_resumes_in_every_layer_is_planned_for_its_runs_without_a_warning(replan):
+    # the frame the break resumes in runs once per layer: planner.compile plans it again for
+    # those runs, as expected, and says nothing; without replanning its runs are outside the
+    # budget, and that is said
+    import warnings
+
+    torch.manual_seed(0)
+    compiled = planner.compile(_BreakInEveryLayer(), memory_budget=0.0, replan=replan, **EAGER)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            compiled(torch.randn(16, 32)).backward()
+    said = [w for w in caught if "before its backward" in str(w.message)]
+    backend = compiled.planner_backend
+    assert max(backend.runs.values()) >= 3
+    if replan:
+        assert not said
+        assert max(part.repeats for part in backend._parts.values()) == max(backend.runs.values())
+    else:
+        assert said and "outside the memory budget" in str(said[0].message)
