@@ -155,6 +155,17 @@ def _bert(size: str):
     return _CausalLM(BertForMaskedLM(cfg)), _tokens(batch, seq, vocab)
 
 
+def _deberta(size: str):
+    """Disentangled attention (content and relative-position scores, each batch x heads x seq x
+    seq), and the library's default dropout (0.1)."""
+    from transformers import DebertaV2Config, DebertaV2ForMaskedLM
+
+    layers, d, heads, seq, batch, vocab = (6, 768, 12, 512, 16, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = DebertaV2Config(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=4 * d,
+                          max_position_embeddings=seq, vocab_size=vocab)
+    return _CausalLM(DebertaV2ForMaskedLM(cfg)), _tokens(batch, seq, vocab)
+
+
 def _t5(size: str):
     """An encoder-decoder with dropout: the recomputed dropout masks must repeat the forward's."""
     from transformers import T5Config, T5ForConditionalGeneration
@@ -187,6 +198,8 @@ MODELS: dict[str, ZooModel] = {
     "llama": ZooModel(_llama, "transformers",
                       "LlamaForCausalLM, 6 layers, d 1024, 16 heads / 8 kv, ffn 2816, seq 2048, batch 4, vocab 8192"),
     "bert": ZooModel(_bert, "transformers", "BertForMaskedLM, 6 layers, d 768, seq 512, batch 16, vocab 8192"),
+    "deberta": ZooModel(_deberta, "transformers",
+                        "DebertaV2ForMaskedLM, 6 layers, d 768, 12 heads, seq 512, batch 16, vocab 8192, dropout 0.1"),
     "vit": ZooModel(_timm("vit_base_patch16_224", 64, {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2,
                                                        "num_heads": 4}),
                     "timm", "vit_base_patch16_224, batch 64"),
