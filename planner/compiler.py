@@ -555,8 +555,8 @@ class PlannerBackend:
 
     ``repeats`` is how many times each of its graphs runs its forward before its backward in one
     step (:func:`compile_blocks` gives the number of blocks). The compiled graphs count it as
-    they run: ``runs`` holds, per part of the step, the most runs seen waiting for their
-    backward at once.
+    they run, in the first :data:`COUNTED_STEPS` steps: ``runs`` holds, per part of the step,
+    the most runs seen waiting for their backward at once.
 
     A graph is planned as it compiles, before the graphs after it in the step exist. Once a step
     has run (``config.replan``), the first run of a graph after its own backward began plans it
