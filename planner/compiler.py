@@ -820,6 +820,13 @@ class PlannerBackend:
                     f"{planned}: {then}. For a model compiled block by block, compile the blocks with "
                     f"planner.compile_blocks(blocks, ...), which plans for every block's run", stacklevel=2)
 
+    def _training_run(self, part: _Part) -> None:
+        """A training run of ``part``'s graph begins: the first after a backward began (seen by a
+        graph still counting its runs) begins a new step, and the part ran in this one."""
+        if self._backward_begun:
+            self._steps, self._backward_begun = self._steps + 1, False
+        part.last_step = self._steps
+
     def _replans(self, part: Any) -> bool:
         return self.config.replan and self.fixed is None and part in self._parts
 
@@ -927,15 +934,11 @@ class _CountedRuns:
         backend, settled = self.backend, self.settled
         if settled is not None:
             if torch.is_grad_enabled():
-                if backend._backward_begun:  # a graph still counting saw a new step begin
-                    backend._steps, backend._backward_begun = backend._steps + 1, False
-                settled.last_step = backend._steps
+                backend._training_run(settled)
             return self.compiled(*args)
         part = backend._parts.get(self.part)
         if part is not None and torch.is_grad_enabled() and not _fake_call(args):  # a training run
-            if backend._backward_begun:  # the first run of a new step
-                backend._steps, backend._backward_begun = backend._steps + 1, False
-            part.last_step = backend._steps
+            backend._training_run(part)
             if backend._steps < OUTSIDE_MEASURED_STEPS:
                 backend._measure_outside(self.part, args)
             if (backend._steps >= COUNTED_STEPS and part.grad_bytes is not None and part.released is not None

@@ -453,7 +453,7 @@ def test_counted_graphs_run_straight_through_after_the_first_steps_and_new_shape
     backend = compiled.planner_backend
     for _ in range(planner.compiler.COUNTED_STEPS + 2):
         compiled(torch.randn(128, 64)).backward()
-    parts = [part for part in backend._parts.values()]
+    parts = list(backend._parts.values())
     assert len(parts) == 2 and all(part.seen and part.released is not None for part in parts)
     runs = dict(backend.runs)
     compiled(torch.randn(128, 64))  # a forward whose backward never runs: once counted, a waiting run
