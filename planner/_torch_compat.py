@@ -177,7 +177,7 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
             # The split depends on the plan, so no compiled artefact may be reused across plans.
             return None
 
-    own = {"allow_buffer_reuse": False}
+    own = {"allow_buffer_reuse": False, "post_grad_custom_post_pass": products_apart(inductor_config.post_grad_custom_post_pass)}
     if hasattr(inductor_config, "_pre_fusion_custom_pass"):  # 2.11 and 2.13 have it
         own["_pre_fusion_custom_pass"] = fusion_distance_guard(counts=fusions)
     if hasattr(inductor_config, "reorder_for_peak_memory"):
@@ -187,7 +187,8 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
         from planner.errors import ConfigError
 
         raise ConfigError(f"inductor_options: inductor has no setting {', '.join(unknown)}; see torch._inductor.config")
-    stock = {key: getattr(inductor_config, key) for key in own} | dict(options or {})
+    # PyTorch's own split gets the products kept apart too: the memory model counts them so
+    stock = {key: getattr(inductor_config, key) for key in own if key != "post_grad_custom_post_pass"} | dict(options or {})
 
     def inner_compile(module: fx.GraphModule, inputs: list, **kwargs: Any) -> Any:
         if not compiled_as_pytorch(module):
@@ -234,6 +235,93 @@ def pytorch_split_modules(joint: fx.GraphModule, joint_inputs: list, num_fwd_out
 
 # Inductor's own distance for fusions that lengthen live ranges (``are_long_distant_nodes``).
 FUSION_DISTANCE = 64
+
+
+def products_apart(chained: Any = None, limit: int = FUSION_DISTANCE) -> Any:
+    """An inductor post-grad pass (``post_grad_custom_post_pass``, run after inductor's own and
+    before ``chained``) that undoes inductor's rewrite of ``add(mm(a, b), c)`` into
+    ``addmm(c, a, b)`` where the product's operands are ready more than ``limit`` nodes before
+    the add (:func:`operands_ready_near`): the product runs after its later operand, the add
+    where the ``addmm`` was.
+
+    The rewrite places the product at the add. A tied embedding's gradient is the output layer's
+    product added to the embedding's own gradient at the end of the backward, so the logits'
+    gradient, that product's operand, stayed alive through every layer's backward: 128 MiB of
+    DeBERTa's 0.85 GiB budget-0 peak at batch 16 on an H200, which eager frees after the output
+    layer. Kept apart, the product's result (the weight's shape) waits for the add instead. A
+    linear layer's bias (broadcast, not of the output's shape) and an add near its product keep
+    inductor's ``addmm``; the memory model follows the rule
+    (:func:`planner.memory.accumulated_product`).
+    """
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    # a pass set before, or a list of them (2.13 takes lists)
+    later = () if chained is None else tuple(chained) if isinstance(chained, (list, tuple)) else (chained,)
+
+    class _ProductsApart(CustomGraphPass):
+        def __call__(self, graph: fx.Graph) -> None:
+            keep_products_apart(graph, limit)
+            for other in later:
+                other(graph)
+
+        def uuid(self) -> Any:
+            return ("acplan products apart", limit, *(getattr(p, "uuid", lambda: None)() for p in later))
+
+    return _ProductsApart()
+
+
+def keep_products_apart(graph: fx.Graph, limit: int = FUSION_DISTANCE) -> int:
+    """Split each ``addmm(c, a, b)`` of ``graph`` whose ``c`` has the output's shape and whose
+    operands are not ready near it (:func:`operands_ready_near`) into ``mm(a, b)`` after the later
+    operand and ``add(c, mm)`` in its place; the number split."""
+    aten = torch.ops.aten
+    order = {node: k for k, node in enumerate(graph.nodes)}
+    split = 0
+    for node in list(graph.find_nodes(op="call_function", target=aten.addmm.default)):
+        inp, a, b = node.args[:3]
+        val = node.meta.get("val")
+        if (node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1 or not isinstance(inp, fx.Node)
+                or not isinstance(val, torch.Tensor) or not isinstance(inp.meta.get("val"), torch.Tensor)
+                or tuple(inp.meta["val"].shape) != tuple(val.shape) or operands_ready_near(node, (a, b), limit)):
+            continue
+        later = max((x for x in (a, b) if isinstance(x, fx.Node) and x.op != "placeholder"), key=order.__getitem__)
+        with graph.inserting_after(later):
+            product = graph.call_function(aten.mm.default, (a, b))
+        with graph.inserting_before(node):
+            add = graph.call_function(aten.add.Tensor, (inp, product))
+        product.meta["val"] = add.meta["val"] = val
+        node.replace_all_uses_with(add)
+        graph.erase_node(node)
+        split += 1
+    return split
+
+
+def operands_ready_near(node: fx.Node, operands: Any, limit: int = FUSION_DISTANCE) -> bool:
+    """``node`` is within ``limit`` nodes of where the later of ``operands`` is made (or of the
+    graph's start), in its graph's order: a product of them computed at ``node`` runs near where
+    it could run. Operands that are graph inputs or views of them count as near: moving the
+    product frees nothing the graph owns (a backward's tangent is held by its caller to the end:
+    GPT-2's logits gradient, made by the loss graph after a graph break, stayed alive through
+    the other graph's backward on an H200 with the product moved). Looks at ``limit`` nodes at
+    most."""
+    from planner.ops import aliased_input
+
+    def root(x: fx.Node) -> fx.Node:
+        while (base := aliased_input(x)) is not None:
+            x = base
+        return x
+
+    made = {x for x in operands if isinstance(x, fx.Node) and x.op != "placeholder"}
+    if any(root(x).op == "placeholder" for x in made):
+        return True
+    if not made:
+        return True
+    prev = node.prev
+    for _ in range(limit):
+        if prev.op == "root" or prev in made:
+            return True
+        prev = prev.prev
+    return False
 
 
 def fusion_distance_guard(limit: int = FUSION_DISTANCE, counts: Any = None) -> Callable:

@@ -223,15 +223,99 @@ def _inlined(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = (
     """Inductor computes ``node`` inside the kernels that read it (see the module docstring), a
     matrix product inside the ``addmm`` its one reader becomes (:func:`accumulated_product`), or
     a reduction inside its one pointwise reader's kernel (:func:`epilogue_reduction`) unless it
-    is in ``far``."""
+    is in ``far``. A random value is computed in its readers' kernel when they are one kernel
+    (:func:`random_in_one_kernel`); a value laid out for generated kernels by the emitter
+    (:func:`planner.emit.store_narrow_random`) is stored."""
     if accumulated_product(node, reading) or (node not in far and epilogue_reduction(node, reading)):
         return True
+    if _name(node.target) in _RANDOM_VALUES:
+        return random_in_one_kernel(node, far)
     if not (fusible(node) and reading and all(_leaves_unstored(r) for r in reading)):
+        return False
+    if any(_name(user.target) == _AS_TRACED for user in node.users) and not any(copies_inputs(r) for r in reading):
         return False
     leaves = len(_leaf_reads(node, depth=8))
     if leaves > 1 and any(copies_inputs(r) for r in reading):
         return False  # stored for the library kernel reading it (inductor's realize_hint)
-    return len(reading) == 1 or leaves <= REALIZE_READS
+    return one_kernel(reading, far) or leaves <= REALIZE_READS
+
+
+def one_kernel(reading: list[fx.Node], far: Collection[fx.Node] = ()) -> bool:
+    """The nodes ``reading`` a value all run in one kernel: one node, or one pointwise node and
+    reductions that are its persistent epilogues (:func:`persistent_epilogue`).
+
+    Inductor stores a value that several kernels read and that reads more than
+    ``REALIZE_READS`` stored inputs; a buffer whose readers all end up in the kernel computing
+    it is never written (its kernel-local buffers). A softmax backward recomputed from its
+    inputs reads the product of the output and its gradient in a row sum and in the pointwise
+    op that reads the sum, all in one persistent reduction: on an H100, DeBERTa's (a dropout mask,
+    the scores, their row max and sum, the attention's gradient: 5 reads) was counted as a
+    stored 192 MiB float32 buffer at budget 0 and never allocated (predicted 991 MiB, measured
+    824)."""
+    return len({_kernel_end(reader, far) for reader in reading}) == 1
+
+
+def _kernel_end(node: fx.Node, far: Collection[fx.Node] = (), depth: int = 8) -> fx.Node:
+    """The node whose kernel computes ``node``: ``node`` itself, or, looking through a reduction
+    that is a persistent epilogue and a pointwise value with one reader that computes it, the
+    node they are computed in."""
+    for _ in range(depth):
+        if persistent_epilogue(node, far):
+            node = readers(node)[0]
+        elif node.op == "call_function" and fusible(node) and len(reading := readers(node)) == 1 and _leaves_unstored(reading[0]):
+            node = reading[0]
+        else:
+            break
+    return node
+
+
+_RANDOM_VALUES = frozenset({"prims.inductor_random.default", "prims.inductor_randint.default"})
+
+
+def random_in_one_kernel(node: fx.Node, far: Collection[fx.Node] = ()) -> bool:
+    """Inductor computes the random tensor ``node`` inside one kernel and never stores it.
+
+    Inductor stores every random tensor it generates, and drops the buffer when the one kernel
+    computing all its readers reads it (a kernel-local buffer). Followed through the values
+    computed from it in their one reader's kernel: the first value stored, or read by several
+    kernels, or by a kernel that cannot compute it, decides. A dropout mask recomputed in a
+    backward from its seed, read by the recomputed forward and by the dropout's backward, had
+    its float32 random tensor stored between the two (192 MiB for DeBERTa's attention at batch
+    16 on an H100); in a forward the dropout's kernel computes it."""
+    value = node
+    for _ in range(8):
+        reading = readers(value)
+        if len(reading) != 1:
+            return bool(reading) and all(fuses_producers(r) for r in reading) and one_kernel(reading, far)
+        (reader,) = reading
+        if not fusible(reader):
+            return fuses_producers(reader)
+        if stored_bytes(reader, readers(reader), True, far) > 0:
+            return True
+        value = reader
+    return False
+
+
+PERSISTENT_RNUMEL = 1024  # inductor's largest persistent inner reduction (its choices' threshold)
+
+
+def persistent_epilogue(node: fx.Node, far: Collection[fx.Node] = ()) -> bool:
+    """``node`` is a reduction over its input's last dimensions of at most
+    :data:`PERSISTENT_RNUMEL` elements, fused into its one pointwise reader
+    (:func:`epilogue_reduction`, not ``far``): inductor computes each row in registers in one pass
+    (a persistent reduction), and the reader's code runs in the same loop, after the row's
+    reduction. On a GPU a longer row is reduced in a loop, and a value read again after that
+    loop is taken as stored; inductor's CPU code computes it in the kernel at any length."""
+    if node.op != "call_function" or node in far or not epilogue_reduction(node, readers(node)):
+        return False
+    source, dims = node.args[0], node.args[1] if len(node.args) > 1 else None
+    val = source.meta.get("val") if isinstance(source, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not isinstance(dims, (list, tuple)) or not dims or val.dim() == 0:
+        return False
+    dims = sorted(int(d) % val.dim() for d in dims)
+    rnumel = int(np.prod([val.shape[d] for d in dims]))
+    return (dims == list(range(val.dim() - len(dims), val.dim()))
+            and (rnumel <= PERSISTENT_RNUMEL or val.device.type not in _GPU_TYPES))
 
 
 def _leaves_unstored(reader: fx.Node) -> bool:
@@ -368,6 +452,9 @@ def accumulated_product(node: fx.Node, reading: list[fx.Node]) -> bool:
     where it is. T5's tied embedding gets the output layer's gradient added to the decoder's
     embedding gradient, and that sum is added to the encoder's: the model had kept T5's 128 MiB
     logits gradient alive through the decoder's backward, which the H100 did not.
+
+    The planner's compile keeps a product apart from an add far from where its operands are
+    made (:func:`planner._torch_compat.products_apart`): such a product is stored where it runs.
     """
     if node.target is not _MM or len(reading) != 1:
         return False
@@ -380,7 +467,11 @@ def accumulated_product(node: fx.Node, reading: list[fx.Node]) -> bool:
     if first is node and isinstance(second, fx.Node) and accumulated_product(second, readers(second)):
         return False  # the second product is the one rewritten
     other = second if first is node else first
-    return _same_operand(other, node) and not _prefers_unfused_add(add, other)
+    if not _same_operand(other, node) or _prefers_unfused_add(add, other):
+        return False
+    from planner._torch_compat import operands_ready_near
+
+    return operands_ready_near(add, node.args[:2])  # else the planner's compile keeps it apart
 
 
 _GPU_TYPES = ("cuda", "xpu", "mps", "mtia")  # inductor's GPU device types (``is_gpu``)
@@ -423,7 +514,7 @@ def _find_leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
         reading = readers(producer)
         if depth > 0 and fusible(producer) and all(fuses_producers(r) for r in reading):
             inner = _leaf_reads(producer, depth - 1)
-            if len(reading) == 1 or len(inner) <= REALIZE_READS:
+            if one_kernel(reading) or len(inner) <= REALIZE_READS:
                 leaves |= inner
                 continue
         leaves.add(producer)

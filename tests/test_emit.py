@@ -1,4 +1,6 @@
 """The emitted modules: what the forward hands over, and where the backward recomputes."""
+import copy
+
 import pytest
 import torch
 
@@ -239,3 +241,39 @@ def test_a_mask_the_backward_makes_from_forward_values_is_a_forward_value():
         return result.module
 
     assert_same_step(make, run_planned)
+
+
+def test_a_recomputed_dropout_mask_is_stored_not_its_random_tensor_and_trains_as_torch_compile():
+    """Recomputed in the backward from its seed, a dropout's mask is read by the recomputed
+    forward and by the dropout's backward: the emitter lays the mask out as traced, so inductor
+    stores it (bool) and not the float32 random tensor it is made from, and the memory model
+    counts the mask. The step draws what torch.compile's own draws (inductor's seeds)."""
+    from planner.bounds import min_memory_plan
+    from planner.emit import store_narrow_random
+    from planner.memory import readers, stored_bytes
+    from tests.training import step
+
+    model, inputs = MODELS["gpt"]()
+    joint = planner.capture(model, inputs, codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    plan = min_memory_plan(problem)
+    _, bw = emit(joint, problem, tuple(problem.names[i] for i in plan.saved.nonzero()[0]))
+    forced = [n for n in calls(bw) if n.target is _torch_compat.as_traced_strides()]
+    masks = [n.args[0] for n in forced if n.args[0].meta["val"].dtype == torch.bool]
+    assert masks and len(masks) == len(forced)
+    for mask in masks:
+        random = mask
+        while str(random.target) != "prims.inductor_random.default":
+            random = random.args[0]
+        assert random.meta["val"].dtype == torch.float32 and stored_bytes(random, readers(random), fuse=True) == 0
+        assert stored_bytes(mask, readers(mask), fuse=True) == mask.meta["val"].numel()
+        assert len({r for r in readers(mask)}) >= 2
+    assert store_narrow_random(bw.graph) == []  # once laid out, nothing more to do
+
+    twin = copy.deepcopy(model)
+    torch._dynamo.reset()
+    expected = step(torch.compile(model), inputs, model)
+    actual = step(planner.compile(twin, memory_budget=0.0, time_limit=5), inputs, twin)
+    torch.testing.assert_close(actual[0], expected[0], atol=1e-5, rtol=0)
+    for name, grad in expected[1].items():
+        torch.testing.assert_close(actual[1][name], grad, atol=1e-5, rtol=0, msg=name)

@@ -269,6 +269,39 @@ def test_on_a_gpu_a_product_added_for_pointwise_readers_only_stays_apart(monkeyp
             assert (memory.stored_bytes(product, memory.readers(product), fuse=True) == 0) == gpu_fuses
 
 
+def _accumulate_after(x, w, y, steps: int):
+    p = torch.mm(torch.sin(x).t(), w)  # its operands are made first: a tied weight's gradient
+    for _ in range(steps):             # 2 nodes a step before the add
+        y = y * 1.01 + 0.5
+    return p + y
+
+
+@pytest.mark.parametrize("steps", [4, 40])
+def test_the_planners_compile_keeps_a_product_apart_from_an_add_far_from_its_operands(steps):
+    """Inductor rewrites add(mm(a, b), c) into addmm(c, a, b) at the add; the planner's compile
+    splits it again where the product's operands are made more than FUSION_DISTANCE nodes
+    before the add (DeBERTa's logits gradient, alive through the whole backward otherwise), and
+    the memory model stores the product where it runs there, and not when the add is near."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    from planner._torch_compat import products_apart
+    from planner.memory import readers, stored_bytes
+
+    x, w, y = torch.randn(256, 64), torch.randn(256, 32), torch.randn(64, 32)
+    far = 2 * steps > FUSION_DISTANCE
+    gm = _traced(lambda x, w, y: _accumulate_after(x, w, y, steps), x, w, y)
+    product = next(n for n in gm.graph.nodes if n.target is aten.mm.default)
+    assert (stored_bytes(product, readers(product), fuse=True) > 0) == far
+
+    torch._dynamo.reset()
+    with inductor_config.patch(post_grad_custom_post_pass=products_apart(), fx_graph_cache=False):
+        fn = torch.compile(lambda x, w, y: _accumulate_after(x, w, y, steps), backend="inductor")
+        out, (code, *_) = run_and_get_code(fn, x, w, y)
+    assert ("extern_kernels.addmm(" in code) == (not far) and ("extern_kernels.mm(" in code) == far, code
+    torch.testing.assert_close(out, _accumulate_after(x, w, y, steps))
+
+
 def _late_sum(x, y):
     s = torch.sin(x).sum(0)                 # a reduction whose one reader is the add at the end
     t = torch.mm(y, y.t()).relu().sum(0)    # a product in between
@@ -360,6 +393,37 @@ def test_a_fused_expression_counts_a_stored_producer_as_one_read():
     _, (code, *_) = run_and_get_code(torch.compile(_wide_then_narrow, backend="inductor"), *args)
     full = [line for line in code.splitlines() if "empty_strided" in line and "(64, 64)" in line]
     assert len(full) == 1, code
+
+
+def _softmax_backward(mask, scores, row_max, row_sum, grad):
+    out = (scores - row_max).exp() / row_sum * mask  # the output recomputed from 4 stored inputs
+    x = grad * out                                   # reads 5: more than REALIZE_READS
+    return (-out * x.sum(-1, keepdim=True) + x).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("row", [512, 2048])
+def test_a_value_whose_readers_all_run_in_one_kernel_is_never_stored(row, monkeypatch):
+    """A recomputed softmax's backward reads ``grad * out`` in a row sum and in the pointwise op
+    that reads the sum: one kernel, so inductor never writes it, however many inputs it reads
+    (DeBERTa's 192 MiB at budget 0 on an H100). On a GPU that holds for rows a persistent
+    reduction takes; a longer row is taken as stored. Inductor's CPU code has no row-sized
+    float32 buffer at either length."""
+    from torch._inductor.utils import run_and_get_code
+
+    import planner.memory as memory
+
+    args = [torch.rand(64, row) > 0.1, torch.randn(64, row), torch.randn(64, 1), torch.rand(64, 1) + 1, torch.randn(64, row)]
+    gm = _traced(_softmax_backward, *args)
+    x = next(n for n in gm.graph.nodes if n.op == "call_function" and any(memory.is_reduction(r) for r in n.users))
+    assert len(memory.readers(x)) == 2 and len(memory._leaf_reads(x, depth=8)) > memory.REALIZE_READS
+    assert memory.stored_bytes(x, memory.readers(x), fuse=True) == 0
+    with monkeypatch.context() as patch:  # "cpu" stands in for a GPU
+        patch.setattr(memory, "_GPU_TYPES", ("cpu",))
+        assert memory.stored_bytes(x, memory.readers(x), fuse=True) == (0 if row <= memory.PERSISTENT_RNUMEL else 64 * row * 4)
+
+    torch._dynamo.reset()
+    _, (code, *_) = run_and_get_code(torch.compile(_softmax_backward, backend="inductor"), *args)
+    assert not [line for line in code.splitlines() if "empty_strided_cpu((64, %d)" % row in line and "float32" in line], code
 
 
 def _broadcast_products(x, b, c):
