@@ -17,7 +17,10 @@ Both follow the same rules, read from node metadata:
   unless several kernels read it and it reads more than ``REALIZE_READS`` stored inputs
   (inductor then stores it rather than recompute it in each reader: its
   ``realize_reads_threshold``); a fused value's inputs are read when the
-  kernel computing it runs. A fused kernel may write its output into an input of the same
+  kernel computing it runs; a value whose readers all run in one kernel (:func:`one_kernel`:
+  a pointwise op and reductions that are its persistent epilogues) is never stored. A random
+  tensor (inductor stores each one) is stored only where several kernels read it
+  (:func:`random_in_one_kernel`). A fused kernel may write its output into an input of the same
   size that it reads last (inductor's in-place reuse), but never into a tangent: the backward's
   tangents are graph inputs inductor does not own (saved values are donated to it, tangents
   are not; an output the step never uses gets a tangent of zeros the autograd engine makes);
