@@ -164,16 +164,12 @@ def store_narrow_random(graph: fx.Graph) -> list[fx.Node]:
     (:func:`planner.memory.one_kernel`) that is narrower than the random tensor, that value is
     laid out as traced (:func:`_torch_compat.as_traced_strides`), which makes inductor store it
     and compute the random tensor in its kernel alone. Returns the values so laid out."""
-    from planner.memory import fusible, one_kernel, readers
+    from planner.memory import narrow_random_value
 
     stored = []
-    for node in [n for n in graph.nodes if n.meta.get("recomputed") and str(n.target) in _RANDOM_OPS]:
-        value = node
-        while len(value.users) == 1 and fusible(reader := next(iter(value.users))):
-            value = reader
-        val, random = value.meta.get("val"), node.meta.get("val")
-        if (value is node or len(value.users) < 2 or not isinstance(val, torch.Tensor) or not _dense(val)
-                or val.element_size() >= random.element_size() or one_kernel(readers(value))):
+    for node in [n for n in graph.nodes if n.meta.get("recomputed")]:
+        value = narrow_random_value(node)
+        if value is None or not _dense(val := value.meta["val"]):
             continue
         with graph.inserting_after(value):
             forced = graph.call_function(_torch_compat.as_traced_strides(), (value, list(val.stride())))
@@ -182,8 +178,6 @@ def store_narrow_random(graph: fx.Graph) -> list[fx.Node]:
         stored.append(value)
     return stored
 
-
-_RANDOM_OPS = frozenset({"prims.inductor_random.default", "prims.inductor_randint.default"})
 
 
 @dataclass(frozen=True)

@@ -299,6 +299,23 @@ def random_in_one_kernel(node: fx.Node, far: Collection[fx.Node] = ()) -> bool:
     return False
 
 
+def narrow_random_value(node: fx.Node) -> fx.Node | None:
+    """The value made from the random tensor ``node`` that the emitter stores in its place where
+    ``node`` is recomputed (:func:`planner.emit.store_narrow_random`): following ``node``'s one
+    pointwise reader at a time, the first value read by several kernels, if it is narrower than
+    ``node``; None otherwise."""
+    if node.op != "call_function" or _name(node.target) not in _RANDOM_VALUES:
+        return None
+    value = node
+    while len(value.users) == 1 and fusible(reader := next(iter(value.users))):
+        value = reader
+    val, random = value.meta.get("val"), node.meta.get("val")
+    if (value is node or len(value.users) < 2 or not isinstance(val, torch.Tensor) or not isinstance(random, torch.Tensor)
+            or val.element_size() >= random.element_size() or one_kernel(readers(value))):
+        return None
+    return value
+
+
 PERSISTENT_RNUMEL = 1024  # inductor's largest persistent inner reduction (its choices' threshold)
 
 
@@ -801,6 +818,7 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     made_with = np.arange(n, dtype=np.int64)
     fwd_last = np.arange(n, dtype=np.int64)
     held = np.zeros(n, dtype=bool)
+    narrow_copy: dict[int, int] = {}
     fwd_kernel = kernel_steps([*nodes, joint.output_node], fuse)
     for i, node in enumerate(nodes):
         owner[i] = index.get(storage_root(node), -1)
@@ -816,7 +834,14 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         copy_bytes[i] = 0 if fused[i] else stored_bytes(node, in_backward, fuse=False)
         if is_getitem(node) and node.args[0] in index:
             made_with[i] = index[node.args[0]]
+        if fuse and (narrow := narrow_random_value(node)) in index:
+            # recomputed, the random tensor is computed in the kernel storing the narrow value
+            # (planner.emit.store_narrow_random); that value's copy is stored
+            fused[i], copy_bytes[i] = True, 0
+            narrow_copy[index[narrow]] = storage_bytes(narrow.meta["val"])
         fwd_last[i] = n - 1 if out else min(n - 1, max([i] + [fwd_kernel[r] for r in forward]))
+    for j, nbytes in narrow_copy.items():
+        fused[j], copy_bytes[j] = False, nbytes
     first_read = np.full(n, len(steps), dtype=np.int64)
     last_read = np.full(n, -1, dtype=np.int64)
     far = far_epilogues(steps, fuse)

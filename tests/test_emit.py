@@ -253,11 +253,20 @@ def test_a_recomputed_dropout_mask_is_stored_not_its_random_tensor_and_trains_as
     from planner.memory import readers, stored_bytes
     from tests.training import step
 
+    from planner.memory import build_schedule, narrow_random_value, simulate
+
     model, inputs = MODELS["gpt"]()
     joint = planner.capture(model, inputs, codegen="inductor")
     problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    # the schedule the solvers plan with counts the mask's copy, not the random tensor's
+    schedule, nodes = build_schedule(joint, fuse=True), joint.forward_nodes
+    narrowed = {i: nodes.index(v) for i, node in enumerate(nodes) if (v := narrow_random_value(node)) is not None}
+    assert narrowed and all(schedule.fused[i] and schedule.copy_bytes[i] == 0 for i in narrowed)
+    assert all(schedule.copy_bytes[j] == nodes[j].meta["val"].numel() for j in narrowed.values())
     plan = min_memory_plan(problem)
-    _, bw = emit(joint, problem, tuple(problem.names[i] for i in plan.saved.nonzero()[0]))
+    outputs = joint.num_fwd_outputs
+    fw, bw = emit(joint, problem, tuple(problem.names[i] for i in plan.saved.nonzero()[0]))
+    assert plan.peak_bytes >= simulate(fw, bw, outputs, fuse=True).peak  # the bound holds
     forced = [n for n in calls(bw) if n.target is _torch_compat.as_traced_strides()]
     masks = [n.args[0] for n in forced if n.args[0].meta["val"].dtype == torch.bool]
     assert masks and len(masks) == len(forced)
