@@ -312,9 +312,7 @@ def operands_ready_near(node: fx.Node, operands: Any, limit: int = FUSION_DISTAN
         return x
 
     made = {x for x in operands if isinstance(x, fx.Node) and x.op != "placeholder"}
-    if any(root(x).op == "placeholder" for x in made):
-        return True
-    if not made:
+    if not made or any(root(x).op == "placeholder" for x in made):
         return True
     prev = node.prev
     for _ in range(limit):

@@ -159,7 +159,7 @@ def store_narrow_random(graph: fx.Graph) -> list[fx.Node]:
     values made from it inside their readers' kernels. A dropout mask recomputed in a backward
     from its seed is read by the recomputed forward and by the dropout's backward: two kernels,
     so the float32 random tensor was stored between them, where the mask (bool) is a quarter of
-    it (DeBERTa's attention, batch 16: 192 MiB against 48 on an H100). For each recomputed
+    it (DeBERTa's attention, batch 16: 192 MiB against 48 on an H200). For each recomputed
     random node whose values are each read once, up to one read by several kernels
     (:func:`planner.memory.one_kernel`) that is narrower than the random tensor, that value is
     laid out as traced (:func:`_torch_compat.as_traced_strides`), which makes inductor store it
@@ -177,7 +177,6 @@ def store_narrow_random(graph: fx.Graph) -> list[fx.Node]:
         value.replace_all_uses_with(forced, delete_user_cb=lambda user: user is not forced)
         stored.append(value)
     return stored
-
 
 
 @dataclass(frozen=True)

@@ -251,7 +251,7 @@ def one_kernel(reading: list[fx.Node], far: Collection[fx.Node] = ()) -> bool:
     ``REALIZE_READS`` stored inputs; a buffer whose readers all end up in the kernel computing
     it is never written (its kernel-local buffers). A softmax backward recomputed from its
     inputs reads the product of the output and its gradient in a row sum and in the pointwise
-    op that reads the sum, all in one persistent reduction: on an H100, DeBERTa's (a dropout mask,
+    op that reads the sum, all in one persistent reduction: on an H200, DeBERTa's (a dropout mask,
     the scores, their row max and sum, the attention's gradient: 5 reads) was counted as a
     stored 192 MiB float32 buffer at budget 0 and never allocated (predicted 991 MiB, measured
     824)."""
@@ -284,7 +284,7 @@ def random_in_one_kernel(node: fx.Node, far: Collection[fx.Node] = ()) -> bool:
     kernels, or by a kernel that cannot compute it, decides. A dropout mask recomputed in a
     backward from its seed, read by the recomputed forward and by the dropout's backward, had
     its float32 random tensor stored between the two (192 MiB for DeBERTa's attention at batch
-    16 on an H100); in a forward the dropout's kernel computes it."""
+    16 on an H200); in a forward the dropout's kernel computes it."""
     value = node
     for _ in range(8):
         reading = readers(value)
