@@ -304,15 +304,10 @@ def operands_ready_near(node: fx.Node, operands: Any, limit: int = FUSION_DISTAN
     GPT-2's logits gradient, made by the loss graph after a graph break, stayed alive through
     the other graph's backward on an H200 with the product moved). Looks at ``limit`` nodes at
     most."""
-    from planner.ops import aliased_input
-
-    def root(x: fx.Node) -> fx.Node:
-        while (base := aliased_input(x)) is not None:
-            x = base
-        return x
+    from planner.ops import view_base
 
     made = {x for x in operands if isinstance(x, fx.Node) and x.op != "placeholder"}
-    if not made or any(root(x).op == "placeholder" for x in made):
+    if not made or any(view_base(x).op == "placeholder" for x in made):
         return True
     prev = node.prev
     for _ in range(limit):
