@@ -72,6 +72,9 @@ class Schedule:
     copy_scratch : bytes of scratch memory node i's library kernel holds while it runs
         (:mod:`planner.workspace`), counted for its recomputed copy at the step the copy is made
         (``None``: none anywhere).
+    no_reuse : the kernel of node i's ``last_read`` step may not write its output into node i's
+        storage (a reduction fused into it reads it too:
+        :func:`planner.memory.fused_reduction_reads`; ``None``: none).
     """
 
     owner: np.ndarray
@@ -90,10 +93,13 @@ class Schedule:
     fwd_base: np.ndarray
     repeats: int = 1
     copy_scratch: np.ndarray | None = None
+    no_reuse: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.copy_scratch is None:
             object.__setattr__(self, "copy_scratch", np.zeros(len(self.owner), dtype=np.int64))
+        if self.no_reuse is None:
+            object.__setattr__(self, "no_reuse", np.zeros(len(self.owner), dtype=bool))
 
     @property
     def num_steps(self) -> int:
@@ -131,7 +137,7 @@ class Schedule:
     def check(self, n: int) -> None:
         """Raise ValueError if the arrays do not fit a problem of ``n`` nodes."""
         for name in ("owner", "transient", "copy_bytes", "fused", "made_with", "fwd_last", "first_read", "last_read",
-                     "held", "fwd_base", "copy_scratch"):
+                     "held", "fwd_base", "copy_scratch", "no_reuse"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Schedule.{name} has {len(getattr(self, name))} rows, expected {n}")
         for name in ("reuse", "reuse_base"):
@@ -232,7 +238,8 @@ def profile(
             bwd[step] += s.copy_scratch[e]
             bwd[step + 1] -= s.copy_scratch[e]
     reused = s.reuse_base.copy()
-    last = (end == s.last_read[alive]) & (size > 0) & (s.reuse[np.minimum(end, steps - 1)] == size) & (end < steps)
+    last = ((end == s.last_read[alive]) & (size > 0) & (s.reuse[np.minimum(end, steps - 1)] == size) & (end < steps)
+            & ~s.no_reuse[alive])
     reused[end[last]] = True  # read last by the kernel of step `end`, which writes into it
     memory = np.cumsum(bwd)[:steps] + s.base + rng_bytes - np.where(reused, s.reuse, 0)
     others = (s.repeats - 1) * (int(nbytes[kept].sum()) - int(nbytes[away].sum()) + rng_bytes)  # the other runs' saved values

@@ -426,6 +426,42 @@ def test_a_value_whose_readers_all_run_in_one_kernel_is_never_stored(row, monkey
     assert not [line for line in code.splitlines() if "empty_strided_cpu((64, %d)" % row in line and "float32" in line], code
 
 
+class _CrossEntropyHead(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 64) / 4)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(x @ self.w, y)
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_a_gradient_is_not_written_into_logits_a_fused_reduction_reads(gpu, monkeypatch):
+    """With the logits saved, the cross entropy's backward recomputes their row max and sum and
+    writes the logits' gradient (their size) in the kernel that reads them last. On a GPU the
+    row reductions fused into that kernel read the logits too, and inductor writes the gradient
+    into a new buffer beside them (GPT-NeoX on an H200: 128 MiB over the model); its CPU code
+    writes it into them. The schedule counts both alive at that step either way (at or above the
+    simulation)."""
+    import planner.memory as memory
+
+    if gpu:  # "cpu" stands in for a GPU
+        monkeypatch.setattr(memory, "_GPU_TYPES", ("cpu",))
+    joint = planner.capture(_CrossEntropyHead(), [torch.randn(32, 16), torch.randint(0, 64, (32,))], codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    plan = evaluate_names(problem, ["mm"])  # the logits saved, everything after them recomputed
+    forward, backward = emit(joint.copy(), problem, ["mm"])
+    gradient = next(n for n in backward.graph.nodes if n.op == "call_function" and n.target is aten.sub.Tensor
+                    and any(u.target is aten.mm.default for u in n.users))
+    logits = next(n for n in backward.graph.nodes if n.name == "mm")
+    assert memory.fused_reduction_reads(gradient) == ({logits} if gpu else set())
+    steps = simulate(forward, backward, joint.num_fwd_outputs, fuse=True).steps
+    at_gradient = next(b for phase, name, b in steps if phase == "backward" and name == gradient.name)
+    nbytes = 32 * 64 * 4
+    assert at_gradient - nbytes * (2 if gpu else 1) in range(0, 64)  # and the loss's few scalars
+    assert max(memory_profile(problem, plan).backward) >= max(b for phase, _, b in steps if phase == "backward")
+
+
 def _broadcast_products(x, b, c):
     h = torch.tanh(x * b)  # the backward sums the gradients of b and c over the batch
     return (torch.tanh(h + c) * h).sum()
