@@ -19,7 +19,8 @@ import torch.fx as fx
 from planner import _torch_compat
 from planner.offload_ops import OFFLOAD, RELOAD, WAIT
 from planner.graph import JointGraph
-from planner.ops import aliased_input, first_tensor, is_getitem, is_random, storage_bytes, view_base, written_input
+from planner.ops import (aliased_input, dense_layout, first_tensor, is_getitem, is_random, storage_bytes, view_base,
+                         written_input)
 from planner.problem import Problem, evaluate_names
 
 __all__ = ["emit", "Transfer", "offloadable"]
@@ -85,23 +86,11 @@ def _as_traced(graph: fx.Graph, arg: fx.Node, meta: dict) -> fx.Node:
     wrapper does not pass on the op's layout constraints: :func:`_torch_compat.as_traced_strides`).
     Inserted at the graph's insertion point, with ``meta`` added to the value's."""
     val = arg.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.dim() == 0 or not _dense(val):
+    if not isinstance(val, torch.Tensor) or val.dim() == 0 or not dense_layout(val):
         return arg  # the op reads a view into a larger storage: a layout no copy could have
     forced = graph.call_function(_torch_compat.as_traced_strides(), (arg, list(val.stride())))
     forced.meta = {"val": val, **meta}
     return forced
-
-
-def _dense(val: torch.Tensor) -> bool:
-    """``val``'s strides lay its elements out with no gap and no overlap, in some dim order."""
-    expected = 1
-    for size, stride in sorted(zip(val.shape, val.stride()), key=lambda d: d[1]):
-        if size == 1:
-            continue
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _untraced(arg: fx.Node) -> fx.Node:
@@ -169,7 +158,7 @@ def store_narrow_random(graph: fx.Graph) -> list[fx.Node]:
     stored = []
     for node in [n for n in graph.nodes if n.meta.get("recomputed")]:
         value = narrow_random_value(node)
-        if value is None or not _dense(val := value.meta["val"]):
+        if value is None or not dense_layout(val := value.meta["val"]):
             continue
         with graph.inserting_after(value):
             forced = graph.call_function(_torch_compat.as_traced_strides(), (value, list(val.stride())))

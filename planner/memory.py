@@ -68,7 +68,7 @@ import torch.fx as fx
 
 from planner.graph import JointGraph
 from planner.offload_ops import OFFLOAD
-from planner.ops import aliased_input, is_getitem, storage_bytes, written_input
+from planner.ops import aliased_input, dense_layout, is_getitem, is_random, storage_bytes, written_input
 from planner.schedule import Schedule
 from planner.workspace import workspace_bytes
 
@@ -227,20 +227,34 @@ def _inlined(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = (
     matrix product inside the ``addmm`` its one reader becomes (:func:`accumulated_product`), or
     a reduction inside its one pointwise reader's kernel (:func:`epilogue_reduction`) unless it
     is in ``far``. A random value is computed in its readers' kernel when they are one kernel
-    (:func:`random_in_one_kernel`); a value laid out for generated kernels by the emitter
-    (:func:`planner.emit.store_narrow_random`) is stored."""
+    (:func:`random_in_one_kernel`); a value the emitter lays out as traced (for generated
+    kernels: :func:`planner.emit.store_narrow_random`; for an RNG wrapper:
+    :func:`laid_out_for_replay`) is stored."""
     if accumulated_product(node, reading) or (node not in far and epilogue_reduction(node, reading)):
         return True
     if _name(node.target) in _RANDOM_VALUES:
         return random_in_one_kernel(node, far)
     if not (fusible(node) and reading and all(_leaves_unstored(r) for r in reading)):
         return False
-    if any(_name(user.target) == _AS_TRACED for user in node.users) and not any(copies_inputs(r) for r in reading):
+    if any(_name(user.target) == _AS_TRACED for user in node.users):  # stored where it is made (laid_out_for_replay)
         return False
     leaves = len(_leaf_reads(node, depth=8))
     if leaves > 1 and any(copies_inputs(r) for r in reading):
         return False  # stored for the library kernel reading it (inductor's realize_hint)
     return one_kernel(reading, far) or leaves <= REALIZE_READS
+
+
+def laid_out_for_replay(node: fx.Node) -> bool:
+    """A random op reads ``node``, a dense tensor: recomputed, that op replays in an RNG wrapper
+    whose dense inputs the emitter lays out as traced (:func:`planner.emit._as_traced`), and
+    inductor then stores ``node``'s copy where it is made, for every reader (:func:`_inlined`).
+    On an H200, T5's attention bias (64 MiB at batch 16), computed for a recomputed attention
+    replayed with its dropout, stayed stored until that attention's backward read it, another
+    layer's attention and backward running between; the memory model had counted a copy for
+    each reader, alive at its step only (budget 0: 483.1 MiB predicted, 555.4 measured)."""
+    val = node.meta.get("val")
+    return (isinstance(val, torch.Tensor) and val.dim() > 0 and dense_layout(val)
+            and any(is_random(r) for r in readers(node)))
 
 
 def one_kernel(reading: list[fx.Node], far: Collection[fx.Node] = ()) -> bool:
@@ -349,7 +363,8 @@ def copies_inputs(node: fx.Node) -> bool:
     it has not stored yet (a pointwise value) into a copy made for ``node`` alone, alive while
     ``node`` runs (its ``require_stride_order``): a library kernel with a layout constraint
     (:func:`planner._torch_compat.inductor_fixes_layout`: fused attention, an RNN), or an RNG
-    wrapper, whose arguments the emitter lays out as traced (:func:`planner.emit._as_traced`).
+    wrapper, whose arguments the emitter lays out as traced (:func:`planner.emit._as_traced`; a
+    dense one is then stored where it is made, not copied: :func:`laid_out_for_replay`).
 
     A convolution is left out: inductor lays out a convolution's input when the input's producer
     is lowered, once for all its readers. On an H100, T5's attention bias (64 MiB, read by a
@@ -873,6 +888,8 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
         copy_bytes[i] = 0 if fused[i] else stored_bytes(node, in_backward, fuse=False)
         if is_getitem(node) and node.args[0] in index:
             made_with[i] = index[node.args[0]]
+        if fused[i] and laid_out_for_replay(node):
+            fused[i], copy_bytes[i] = False, storage_bytes(node.meta["val"])
         if fuse and (narrow := narrow_random_value(node)) in index:
             # recomputed, the random tensor is computed in the kernel storing the narrow value
             # (planner.emit.store_narrow_random); that value's copy is stored

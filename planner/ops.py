@@ -163,3 +163,15 @@ def storage_bytes(value: torch.Tensor) -> int:
         return int(value.untyped_storage().nbytes())
     except (NotImplementedError, RuntimeError):
         return int(value.numel() * value.element_size())
+
+
+def dense_layout(val: torch.Tensor) -> bool:
+    """``val``'s strides lay its elements out with no gap and no overlap, in some dim order."""
+    expected = 1
+    for size, stride in sorted(zip(val.shape, val.stride()), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True

@@ -462,6 +462,36 @@ def test_a_gradient_is_not_written_into_logits_a_fused_reduction_reads(gpu, monk
     assert max(memory_profile(problem, plan).backward) >= max(b for phase, _, b in steps if phase == "backward")
 
 
+def _biased_attention(q, k, v, rel, g):
+    bias = (rel * 2.0).expand(2, 4, 16, 16).contiguous()  # dense, as planner.attention_masks makes it
+    out = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.1)
+    grads = aten._scaled_dot_product_efficient_attention_backward(g, q, k, v, bias, *out, 0.1, [True] * 4)
+    return out[0], grads
+
+
+def test_an_attention_bias_laid_out_for_a_replayed_attention_is_stored_for_every_reader():
+    """A fused attention with dropout, recomputed, replays in an RNG wrapper, and the emitter
+    lays its dense bias out as traced: inductor stores the bias where it is made, and the
+    attention's backward reads that buffer (T5 on an H200: 64 MiB kept between the two). Read
+    by the attention kernels alone, each makes a copy of its own (never stored)."""
+    import planner.memory as memory
+    from planner import _torch_compat
+
+    args = [torch.randn(2, 4, 16, 8, device="meta") for _ in range(3)] + [torch.randn(1, 4, 16, 16, device="meta"),
+                                                                          torch.randn(2, 4, 16, 8, device="meta")]
+    gm = make_fx(_biased_attention)(*args)
+    bias = next(n for n in gm.graph.nodes if n.target is aten.clone.default)
+    attention = next(n for n in gm.graph.nodes if n.target is aten._scaled_dot_product_efficient_attention.default)
+    assert memory.laid_out_for_replay(bias)
+    assert memory.stored_bytes(bias, memory.readers(bias), fuse=True) == 0  # copied by each attention kernel
+    with gm.graph.inserting_before(attention):
+        forced = gm.graph.call_function(_torch_compat.as_traced_strides(), (bias, list(bias.meta["val"].stride())))
+    forced.meta["val"] = bias.meta["val"]
+    attention.replace_input_with(bias, forced)
+    assert memory.stored_bytes(bias, memory.readers(bias), fuse=True) == 2 * 4 * 16 * 16 * 4
+    assert not memory.laid_out_for_replay(next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor))  # no random reader
+
+
 def _broadcast_products(x, b, c):
     h = torch.tanh(x * b)  # the backward sums the gradients of b and c over the batch
     return (torch.tanh(h + c) * h).sum()
