@@ -558,9 +558,9 @@ def _find_leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
 
 def fused_reduction_reads(writer: fx.Node, depth: int = 12) -> frozenset[fx.Node]:
     """On a GPU, the storages (their :func:`storage_root`) of ``writer``'s size that reductions
-    inductor fuses into the kernel computing ``writer`` read: reductions its expression reaches through generated
-    ops, over as many elements as ``writer`` has (rows it reads back in the same kernel, as a
-    softmax, a cross entropy or a layer norm backward does). Inductor writes a kernel's output
+    inductor fuses into the kernel computing ``writer`` read: reductions its expression reaches
+    through generated ops, over as many elements as ``writer`` has (rows it reads back in the
+    same kernel, as a softmax, a cross entropy or a layer norm backward does). Inductor writes a kernel's output
     in place into an input only where no other node of the kernel reads that input at another
     index, and a reduction's rows are another index: on an H200 (torch 2.11) a cross entropy's
     backward, recomputing the row max and sum of the saved logits, wrote the logits' gradient
@@ -580,8 +580,7 @@ def fused_reduction_reads(writer: fx.Node, depth: int = 12) -> frozenset[fx.Node
                 continue
             seen.add(inp)
             source = inp.args[0] if is_reduction(inp) and inp.args else None
-            if isinstance(source, fx.Node) and isinstance(source.meta.get("val"), torch.Tensor) \
-                    and source.meta["val"].numel() == numel:
+            if isinstance(source, fx.Node) and _numel(source) == numel:
                 found.update(root for leaf in _leaf_reads(inp, depth=8) if _numel(root := storage_root(leaf)) == numel)
             frontier.append((inp, d + 1))
     return frozenset(found)
