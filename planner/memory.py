@@ -560,13 +560,13 @@ def fused_reduction_reads(writer: fx.Node, depth: int = 12) -> frozenset[fx.Node
     """On a GPU, the storages (their :func:`storage_root`) of ``writer``'s size that reductions
     inductor fuses into the kernel computing ``writer`` read: reductions its expression reaches
     through generated ops, over as many elements as ``writer`` has (rows it reads back in the
-    same kernel, as a softmax, a cross entropy or a layer norm backward does). Inductor writes a kernel's output
-    in place into an input only where no other node of the kernel reads that input at another
-    index, and a reduction's rows are another index: on an H200 (torch 2.11) a cross entropy's
-    backward, recomputing the row max and sum of the saved logits, wrote the logits' gradient
-    into a new buffer beside them, where the memory model had it written into them (GPT-NeoX at
-    budget 0: 128 MiB, measured 328.0 MiB against 298.7 predicted). Inductor's CPU code writes
-    it in place; empty there."""
+    same kernel, as a softmax, a cross entropy or a layer norm backward does). Inductor writes
+    a kernel's output in place into an input only where no other node of the kernel reads that
+    input at another index, and a reduction's rows are another index: on an H200 (torch 2.11) a
+    cross entropy's backward, recomputing the row max and sum of the saved logits, wrote the
+    logits' gradient into a new buffer beside them, where the memory model had it written into
+    them (GPT-NeoX at budget 0: 128 MiB, measured 328.0 MiB against 298.7 predicted). Inductor's
+    CPU code writes it in place; empty there."""
     val = writer.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.device.type not in _GPU_TYPES:
         return frozenset()
@@ -778,8 +778,7 @@ class _Walk:
         kept = {key for out in keep for key in keys.get(out, ())} | set(held)
         for k, node in enumerate(nodes):
             if self.fuse and len(made[node]) == 1 and generated(node):  # pointwise ops and casts included
-                blocked = {key for root in fused_reduction_reads(node) for key in keys.get(root, ())}
-                self.live -= self._reused(made[node][0], k, last, kept | blocked)
+                self.live -= self._reused(made[node][0], k, last, kept, node, keys)
             self.live.update(made[node])
             if scratch := workspace_bytes(node, self.fuse):  # alive while the library kernel runs
                 self.size[(phase, node.name, "workspace")] = scratch
@@ -795,16 +794,18 @@ class _Walk:
             self.live -= {key for key in self.live if key not in kept and last.get(key, -1) <= k}
         self.keys.update(keys)
 
-    def _reused(self, key: object, k: int, last: dict, kept: set) -> set:
-        """An input storage of the same size that this kernel reads last: inductor writes the
-        output into it in place (its ``# reuse``), so the output adds nothing. ``kept``: storages
-        it may not write into (kept past the kernel, or read by a reduction fused into it:
-        :func:`fused_reduction_reads`)."""
+    def _reused(self, key: object, k: int, last: dict, kept: set, node: fx.Node, keys: dict) -> set:
+        """An input storage of the same size that ``node``'s kernel (step ``k``) reads last:
+        inductor writes the output into it in place (its ``# reuse``), so the output adds nothing.
+        Not a storage in ``kept`` (kept past the kernel), nor one a reduction fused into the
+        kernel reads (:func:`fused_reduction_reads`, found only where there is a candidate)."""
         size = self.size[key]
-        for old in self.live:
-            if size and old not in kept and old not in self.tangents and last.get(old, -1) == k and self.size[old] == size:
-                return {old}
-        return set()
+        candidates = [old for old in self.live if size and old not in kept and old not in self.tangents
+                      and last.get(old, -1) == k and self.size[old] == size]
+        if candidates:
+            blocked = {stored for root in fused_reduction_reads(node) for stored in keys.get(root, ())}
+            candidates = [old for old in candidates if old not in blocked]
+        return set(candidates[:1])
 
     def _keys(self, node: fx.Node, keys: dict, phase: str, carried: dict) -> tuple[tuple, tuple]:
         """The storages ``node``'s value lives in, and those of them it allocates."""
