@@ -19,8 +19,8 @@ import torch.fx as fx
 from planner import _torch_compat
 from planner.offload_ops import OFFLOAD, RELOAD, WAIT
 from planner.graph import JointGraph
-from planner.ops import (aliased_input, dense_layout, first_tensor, is_getitem, is_random, storage_bytes, view_base,
-                         written_input)
+from planner.ops import (aliased_input, dense_layout, first_tensor, is_getitem, is_random, replays_as_traced,
+                         storage_bytes, view_base, written_input)
 from planner.problem import Problem, evaluate_names
 
 __all__ = ["emit", "Transfer", "offloadable"]
@@ -86,7 +86,7 @@ def _as_traced(graph: fx.Graph, arg: fx.Node, meta: dict) -> fx.Node:
     wrapper does not pass on the op's layout constraints: :func:`_torch_compat.as_traced_strides`).
     Inserted at the graph's insertion point, with ``meta`` added to the value's."""
     val = arg.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.dim() == 0 or not dense_layout(val):
+    if not replays_as_traced(val):
         return arg  # the op reads a view into a larger storage: a layout no copy could have
     forced = graph.call_function(_torch_compat.as_traced_strides(), (arg, list(val.stride())))
     forced.meta = {"val": val, **meta}

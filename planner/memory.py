@@ -68,7 +68,7 @@ import torch.fx as fx
 
 from planner.graph import JointGraph
 from planner.offload_ops import OFFLOAD
-from planner.ops import aliased_input, dense_layout, is_getitem, is_random, storage_bytes, written_input
+from planner.ops import aliased_input, is_getitem, is_random, replays_as_traced, storage_bytes, written_input
 from planner.schedule import Schedule
 from planner.workspace import workspace_bytes
 
@@ -252,9 +252,7 @@ def laid_out_for_replay(node: fx.Node) -> bool:
     replayed with its dropout, stayed stored until that attention's backward read it, another
     layer's attention and backward running between; the memory model had counted a copy for
     each reader, alive at its step only (budget 0: 483.1 MiB predicted, 555.4 measured)."""
-    val = node.meta.get("val")
-    return (isinstance(val, torch.Tensor) and val.dim() > 0 and dense_layout(val)
-            and any(is_random(r) for r in readers(node)))
+    return replays_as_traced(node.meta.get("val")) and any(is_random(r) for r in readers(node))
 
 
 def one_kernel(reading: list[fx.Node], far: Collection[fx.Node] = ()) -> bool:

@@ -175,3 +175,10 @@ def dense_layout(val: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
+
+
+def replays_as_traced(val: object) -> bool:
+    """An RNG wrapper's argument of value ``val`` is laid out as traced by the emitter
+    (:func:`planner.emit._as_traced`; the memory model counts it stored where it is made): a
+    tensor of at least one dimension whose layout has no gap and no overlap."""
+    return isinstance(val, torch.Tensor) and val.dim() > 0 and dense_layout(val)
