@@ -250,10 +250,8 @@ def test_a_recomputed_dropout_mask_is_stored_not_its_random_tensor_and_trains_as
     counts the mask. The step draws what torch.compile's own draws (inductor's seeds)."""
     from planner.bounds import min_memory_plan
     from planner.emit import store_narrow_random
-    from planner.memory import readers, stored_bytes
+    from planner.memory import build_schedule, narrow_random_value, readers, simulate, stored_bytes
     from tests.training import step
-
-    from planner.memory import build_schedule, narrow_random_value, simulate
 
     model, inputs = MODELS["gpt"]()
     joint = planner.capture(model, inputs, codegen="inductor")
@@ -276,7 +274,7 @@ def test_a_recomputed_dropout_mask_is_stored_not_its_random_tensor_and_trains_as
             random = random.args[0]
         assert random.meta["val"].dtype == torch.float32 and stored_bytes(random, readers(random), fuse=True) == 0
         assert stored_bytes(mask, readers(mask), fuse=True) == mask.meta["val"].numel()
-        assert len({r for r in readers(mask)}) >= 2
+        assert len(set(readers(mask))) >= 2
     assert store_narrow_random(bw.graph) == []  # once laid out, nothing more to do
 
     twin = copy.deepcopy(model)
