@@ -427,39 +427,86 @@ def test_a_value_whose_readers_all_run_in_one_kernel_is_never_stored(row, monkey
 
 
 class _CrossEntropyHead(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, vocab: int) -> None:
         super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(16, 64) / 4)
+        self.w = torch.nn.Parameter(torch.randn(16, vocab) / 4)
 
     def forward(self, x, y):
         return torch.nn.functional.cross_entropy(x @ self.w, y)
 
 
-@pytest.mark.parametrize("gpu", [False, True])
-def test_a_gradient_is_not_written_into_logits_a_fused_reduction_reads(gpu, monkeypatch):
+@pytest.mark.parametrize("gpu, vocab", [(False, 2048), (True, 2048), (True, 64)])
+def test_a_gradient_is_not_written_into_logits_a_looped_reduction_reads(gpu, vocab, monkeypatch):
     """With the logits saved, the cross entropy's backward recomputes their row max and sum and
-    writes the logits' gradient (their size) in the kernel that reads them last. On a GPU the
-    row reductions fused into that kernel read the logits too, and inductor writes the gradient
-    into a new buffer beside them (GPT-NeoX on an H200: 128 MiB over the model); its CPU code
-    writes it into them. The schedule counts both alive at that step either way (at or above the
-    simulation)."""
+    writes the logits' gradient (their size) in the kernel that reads them last. On a GPU, rows
+    longer than ``PERSISTENT_ROWS`` are reduced in loops that read the logits again, and
+    inductor writes the gradient into a new buffer beside them (GPT-NeoX on an H200: 128 MiB
+    over the model); shorter rows are read once and the gradient written into them, as inductor's
+    CPU code does for any row. The schedule counts both alive at that step either way (at or
+    above the simulation)."""
     import planner.memory as memory
 
     if gpu:  # "cpu" stands in for a GPU
         monkeypatch.setattr(memory, "_GPU_TYPES", ("cpu",))
-    joint = planner.capture(_CrossEntropyHead(), [torch.randn(32, 16), torch.randint(0, 64, (32,))], codegen="inductor")
+    beside = gpu and vocab > memory.PERSISTENT_ROWS
+    joint = planner.capture(_CrossEntropyHead(vocab), [torch.randn(32, 16), torch.randint(0, vocab, (32,))],
+                            codegen="inductor")
     problem = build_problem(joint, get_estimator("flops"), fuse=True)
     plan = evaluate_names(problem, ["mm"])  # the logits saved, everything after them recomputed
     forward, backward = emit(joint.copy(), problem, ["mm"])
     gradient = next(n for n in backward.graph.nodes if n.op == "call_function" and n.target is aten.sub.Tensor
                     and any(u.target is aten.mm.default for u in n.users))
     logits = next(n for n in backward.graph.nodes if n.name == "mm")
-    assert memory.fused_reduction_reads(gradient) == ({logits} if gpu else set())
+    assert memory.fused_reduction_reads(gradient) == ({logits} if beside else set())
     steps = simulate(forward, backward, joint.num_fwd_outputs, fuse=True).steps
     at_gradient = next(b for phase, name, b in steps if phase == "backward" and name == gradient.name)
-    nbytes = 32 * 64 * 4
-    assert at_gradient - nbytes * (2 if gpu else 1) in range(0, 64)  # and the loss's few scalars
+    nbytes = 32 * vocab * 4
+    assert at_gradient - nbytes * (2 if beside else 1) in range(0, 64)  # and the loss's few scalars
     assert max(memory_profile(problem, plan).backward) >= max(b for phase, _, b in steps if phase == "backward")
+
+
+class _GatedProjection(torch.nn.Module):
+    """A gate and an up projection made by one product and split (as Mixtral's experts and
+    Phi-3's MLP do): the backward concatenates the two halves' gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 64) / 4)
+        self.v = torch.nn.Parameter(torch.randn(32, 16) / 4)
+
+    def forward(self, x):
+        gate, up = (x @ self.w).chunk(2, dim=-1)
+        return ((torch.nn.functional.silu(gate) * up) @ self.v).square().mean()
+
+
+def test_a_concatenation_computes_its_pointwise_inputs_where_it_writes_them():
+    """The backward's ``cat`` of the gate's and the up projection's gradients: each half is a
+    pointwise expression inductor computes where the concatenation writes it (into its slice on
+    the CPU, inside one kernel on a GPU), never in a buffer of its own; the simulation and the
+    schedule store neither half, and inductor's CPU code allocates no buffer for them."""
+    from torch._inductor.utils import run_and_get_code
+
+    import planner.memory as memory
+
+    model, x = _GatedProjection(), torch.randn(128, 16)
+    joint = planner.capture(model, [x], codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    forward, backward = emit(joint.copy(), problem, ["mm"])
+    cat = next(n for n in backward.graph.nodes if n.target is aten.cat.default)
+    halves = cat.args[0]
+    assert all(memory.stored_bytes(h, memory.readers(h), True) == 0 for h in halves)
+    steps = [(name, b) for phase, name, b in simulate(forward, backward, joint.num_fwd_outputs, fuse=True).steps
+             if phase == "backward"]
+    at = next(i for i, (name, _) in enumerate(steps) if name == cat.name)
+    assert steps[at][1] - steps[at - 1][1] == 128 * 64 * 4  # the concatenation alone
+    plan = evaluate_names(problem, ["mm"])
+    assert max(memory_profile(problem, plan).backward) >= max(b for _, b in steps)
+    torch._dynamo.reset()
+    compiled = planner.compile(_GatedProjection(), memory_budget=0.0)
+    _, codes = run_and_get_code(lambda: compiled(x).backward())
+    backward_code = codes[-1]
+    assert "empty_strided_cpu((128, 64)" in backward_code  # the concatenation
+    assert backward_code.count("empty_strided_cpu((128, 32)") == 1  # the product's gradient; no half
 
 
 def _biased_attention(q, k, v, rel, g):
