@@ -194,8 +194,6 @@ def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool, far: Collect
 
 
 REALIZE_READS = 4
-# the longest row inductor reduces in one pass on a GPU (triton persistent reductions, inner rows)
-PERSISTENT_ROWS = 1024
 
 
 def kernel_steps(order: list[fx.Node], fuse: bool, far: Collection[fx.Node] = ()) -> dict[fx.Node, int]:
@@ -566,7 +564,7 @@ def fused_reduction_reads(writer: fx.Node, depth: int = 12) -> frozenset[fx.Node
     cross entropy's backward, recomputing the row max and sum of the saved logits, wrote the
     logits' gradient into a new buffer beside them, where the memory model had it written into
     them (GPT-NeoX at budget 0: 128 MiB, measured 328.0 MiB against 298.7 predicted). Only a
-    reduction over rows longer than ``PERSISTENT_ROWS`` counts: inductor loops over such a row,
+    reduction over rows longer than :data:`PERSISTENT_RNUMEL` counts: inductor loops over such a row,
     reading it again after the reduction, where it reads a shorter row once, for the reduction
     and the output both (a persistent reduction), and writes in place: DeBERTa's softmax
     backward over rows of 512 wrote into its input on an H200 (budget 0 measured 0.462 GiB with
@@ -597,11 +595,11 @@ def _numel(node: fx.Node) -> int:
 
 
 def _looped(reduction: fx.Node, source: fx.Node) -> bool:
-    """Inductor reduces ``source`` into ``reduction`` over rows longer than ``PERSISTENT_ROWS``
+    """Inductor reduces ``source`` into ``reduction`` over rows longer than :data:`PERSISTENT_RNUMEL`
     (a multi-output reduction, ``var_mean``, by its first output)."""
     out = reduction.meta.get("val")
     out = out[0] if isinstance(out, (tuple, list)) and out else out
-    return isinstance(out, torch.Tensor) and _numel(source) > PERSISTENT_ROWS * max(out.numel(), 1)
+    return isinstance(out, torch.Tensor) and _numel(source) > PERSISTENT_RNUMEL * max(out.numel(), 1)
 
 
 def is_reduction(node: fx.Node) -> bool:

@@ -439,7 +439,7 @@ class _CrossEntropyHead(torch.nn.Module):
 def test_a_gradient_is_not_written_into_logits_a_looped_reduction_reads(gpu, vocab, monkeypatch):
     """With the logits saved, the cross entropy's backward recomputes their row max and sum and
     writes the logits' gradient (their size) in the kernel that reads them last. On a GPU, rows
-    longer than ``PERSISTENT_ROWS`` are reduced in loops that read the logits again, and
+    longer than ``PERSISTENT_RNUMEL`` are reduced in loops that read the logits again, and
     inductor writes the gradient into a new buffer beside them (GPT-NeoX on an H200: 128 MiB
     over the model); shorter rows are read once and the gradient written into them, as inductor's
     CPU code does for any row. The schedule counts both alive at that step either way (at or
@@ -448,7 +448,7 @@ def test_a_gradient_is_not_written_into_logits_a_looped_reduction_reads(gpu, voc
 
     if gpu:  # "cpu" stands in for a GPU
         monkeypatch.setattr(memory, "_GPU_TYPES", ("cpu",))
-    beside = gpu and vocab > memory.PERSISTENT_ROWS
+    beside = gpu and vocab > memory.PERSISTENT_RNUMEL
     joint = planner.capture(_CrossEntropyHead(vocab), [torch.randn(32, 16), torch.randint(0, vocab, (32,))],
                             codegen="inductor")
     problem = build_problem(joint, get_estimator("flops"), fuse=True)
