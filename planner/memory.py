@@ -563,13 +563,14 @@ def fused_reduction_reads(writer: fx.Node, depth: int = 12) -> frozenset[fx.Node
     input at another index, and a reduction's rows are another index: on an H200 (torch 2.11) a
     cross entropy's backward, recomputing the row max and sum of the saved logits, wrote the
     logits' gradient into a new buffer beside them, where the memory model had it written into
-    them (GPT-NeoX at budget 0: 128 MiB, measured 328.0 MiB against 298.7 predicted). Only a
-    reduction over rows longer than :data:`PERSISTENT_RNUMEL` counts: inductor loops over such a row,
-    reading it again after the reduction, where it reads a shorter row once, for the reduction
-    and the output both (a persistent reduction), and writes in place: DeBERTa's softmax
-    backward over rows of 512 wrote into its input on an H200 (budget 0 measured 0.462 GiB with
-    the write in place, and the plan made without it held 0.527). Inductor's CPU code writes it
-    in place; empty there."""
+    them (GPT-NeoX at budget 0: 128 MiB, measured 328.0 MiB against 298.7 predicted).
+
+    Only a reduction over rows longer than :data:`PERSISTENT_RNUMEL` counts: inductor loops over
+    such a row and reads it again after the reduction, where it reads a shorter row once, for the
+    reduction and the output both (a persistent reduction). On an H200 a DeBERTa plan at budget 0
+    measured 0.462 GiB, as predicted with its softmax backward (rows of 512) writing into its
+    input in place; counting those writes barred, the plan made instead held 0.527. Inductor's
+    CPU code writes in place at any length; empty there."""
     val = writer.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.device.type not in _GPU_TYPES:
         return frozenset()
