@@ -68,7 +68,8 @@ import torch.fx as fx
 
 from planner.graph import JointGraph
 from planner.offload_ops import OFFLOAD
-from planner.ops import aliased_input, is_getitem, is_random, replays_as_traced, storage_bytes, written_input
+from planner.ops import (aliased_input, first_tensor, is_getitem, is_random, replays_as_traced, storage_bytes,
+                         written_input)
 from planner.schedule import Schedule
 from planner.workspace import workspace_bytes
 
@@ -598,9 +599,8 @@ def _numel(node: fx.Node) -> int:
 def _looped(reduction: fx.Node, source: fx.Node) -> bool:
     """Inductor reduces ``source`` into ``reduction`` over rows longer than :data:`PERSISTENT_RNUMEL`
     (a multi-output reduction, ``var_mean``, by its first output)."""
-    out = reduction.meta.get("val")
-    out = out[0] if isinstance(out, (tuple, list)) and out else out
-    return isinstance(out, torch.Tensor) and _numel(source) > PERSISTENT_RNUMEL * max(out.numel(), 1)
+    out = first_tensor(reduction.meta.get("val"))
+    return out is not None and _numel(source) > PERSISTENT_RNUMEL * max(out.numel(), 1)
 
 
 def is_reduction(node: fx.Node) -> bool:
