@@ -14,7 +14,7 @@ fails says why in its row. Peak activation memory and step time as ``bench/zoo.p
 them, timed again interleaved at the end; the predicted peak (the schedule's, with the
 transfers) and the simulated one beside the measured.
 
-    python -m bench.offload [--model gpt|llama] [--layers N] [--budgets 1.0 0.5 0.0] [--rounds 3]
+    python -m bench.offload [--model gpt|llama] [--layers N] [--batch B] [--budgets 1.0 0.5 0.0] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["gpt", "llama"], default="gpt")
     parser.add_argument("--layers", type=int, default=None, help="default: 8 (gpt), 16 (llama)")
+    parser.add_argument("--batch", type=int, default=None, help="default: 8 (gpt), 2 (llama)")
     parser.add_argument("--anchors", nargs="*", choices=list(ANCHORS), default=list(ANCHORS))
     parser.add_argument("--budgets", type=float, nargs="+", default=[1.0, 0.5, 0.0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -53,14 +54,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     if args.model == "gpt":
-        cfg = GPTConfig(n_layer=args.layers or 8, d_model=1024, n_head=16, seq_len=2048, vocab=8192, dropout=0.0, batch=8)
+        cfg = GPTConfig(n_layer=args.layers or 8, d_model=1024, n_head=16, seq_len=2048, vocab=8192, dropout=0.0, batch=args.batch or 8)
         base, batch = gpt_example(cfg, device="cuda")
         base = base.to(torch.bfloat16)
     else:
         from bench.llama import LlamaConfig, llama_example
 
         cfg = LlamaConfig(n_layer=args.layers or 16, d_model=2048, n_head=16, n_kv_head=8, d_ff=5632, seq_len=2048,
-                          vocab=32000, batch=2)
+                          vocab=32000, batch=args.batch or 2)
         base, batch = llama_example(cfg, device="cuda", dtype=torch.bfloat16)
     link = measure_link("cuda")
     bandwidth = min(link.values())
@@ -161,9 +162,10 @@ class OffloadAll:
         if t.numel() * t.element_size() < self.min_bytes or t.untyped_storage().data_ptr() in self.keep:
             return t
         self.packed += 1
+        layout = (t.size(), t.stride(), t.device)  # a compiled backward checks its saved views' strides
         if t.device.type != "cuda":
-            return t.clone(), t.device, None
-        host = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
+            return t.contiguous().clone(), layout, None
+        host = torch.empty(t.size(), dtype=t.dtype, device="cpu", pin_memory=True)  # dense: a view's gaps stay behind
         event = None
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream())
@@ -174,16 +176,17 @@ class OffloadAll:
             t.record_stream(self.stream)  # the allocator keeps t's block until the copy is done
         else:
             host.copy_(t, non_blocking=True)
-        return host, t.device, event
+        return host, layout, event
 
     def _unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
         self.unpacked += 1
-        host, device, event = packed
+        host, (size, stride, device), event = packed
         if event is not None:
             torch.cuda.current_stream().wait_event(event)
-        return host.to(device, non_blocking=True) if device.type == "cuda" else host
+        back = torch.empty_strided(size, stride, dtype=host.dtype, device=device)
+        return back.copy_(host, non_blocking=True)
 
 
 def _offload_hooks(model, min_bytes: int = 1 << 20):
@@ -199,8 +202,11 @@ def _offload_hooks(model, min_bytes: int = 1 << 20):
     return run
 
 
-def _pytorch_offload(model):
-    """torch.compile with PyTorch's partitioner offloading every forward value it can."""
+def _pytorch_offload(model, separate_stream: bool = True):
+    """torch.compile with PyTorch's partitioner offloading every forward value it can: on a
+    separate stream with its wait sinking and (torch 2.13) reload prefetching, or on the compute
+    stream (``separate_stream=False``; torch 2.11's separate-stream ops failed on an H200 with
+    ``TypeError: _() missing 1 required positional argument: 'to_dealloc'``)."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
@@ -208,10 +214,11 @@ def _pytorch_offload(model):
         for node in graph.nodes:
             node.meta["should_offload"] = True
 
-    options = {"enable_activation_offloading": True, "activation_offload_separate_stream": True,
-               "activation_offload_sink_wait": True}
-    if hasattr(functorch_config, "activation_reload_prefetch"):  # torch 2.13
-        options["activation_reload_prefetch"] = True
+    options = {"enable_activation_offloading": True}
+    if separate_stream:
+        options.update(activation_offload_separate_stream=True, activation_offload_sink_wait=True)
+        if hasattr(functorch_config, "activation_reload_prefetch"):  # torch 2.13
+            options["activation_reload_prefetch"] = True
     compiled = torch.compile(model)
 
     def run(*batch):
@@ -221,7 +228,9 @@ def _pytorch_offload(model):
     return run
 
 
-ANCHORS = {"torch.compile offload": _pytorch_offload, "saved_tensors_hooks offload": _offload_hooks}
+ANCHORS = {"torch.compile offload": _pytorch_offload,
+           "torch.compile offload, one stream": lambda model: _pytorch_offload(model, separate_stream=False),
+           "saved_tensors_hooks offload": _offload_hooks}
 
 
 if __name__ == "__main__":

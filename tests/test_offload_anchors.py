@@ -52,3 +52,28 @@ def test_the_hooks_anchor_offloads_what_a_compiled_step_saves_and_trains_like_ea
 class _Square(torch.nn.Module):
     def forward(self, y):
         return y.square().sum()
+
+
+class _SplitHeads(torch.nn.Module):
+    """A fused projection split three ways: the compiled step saves views with gaps between their
+    rows (strides of the whole projection), which its backward checks."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 48)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (y.view(b, t, 2, 8).transpose(1, 2) for y in self.proj(x).split(16, dim=-1))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).square().sum()
+
+
+def test_the_hooks_anchor_gives_a_saved_view_back_with_its_strides():
+    torch._dynamo.reset()
+    model = _SplitHeads()
+    x = torch.randn(4, 8, 16)
+    expected = torch.autograd.grad(model(x), list(model.parameters()))
+    run = ANCHORS["saved_tensors_hooks offload"](model, min_bytes=0)
+    got = torch.autograd.grad(run(x), list(model.parameters()))
+    assert run.hooks.packed > 0 and run.hooks.unpacked == run.hooks.packed
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(expected, got))
