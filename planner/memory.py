@@ -878,6 +878,11 @@ def _value_bytes(val: object) -> int:
 
 def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     """The :class:`Schedule` of a joint graph, over its forward nodes and backward steps."""
+    with _graphs_unchanged():  # the joint graph is only read here (Llama's: 6.0 s to 1.x s, below)
+        return _build_schedule(joint, fuse)
+
+
+def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
     nodes = joint.forward_nodes
     index = {node: i for i, node in enumerate(nodes)}
     n = len(nodes)
