@@ -138,16 +138,17 @@ def _shared_input(node: fx.Node) -> fx.Node | None:
     return aliased_input(node) or written_input(node)
 
 
-# Within one simulate(): the readers and leaf reads of nodes of graphs that do not change while
-# it walks them, each found once (on ResNet-50's emitted modules they were found again ~10^5
-# times); per thread, as (readers, leaf reads) in ``_seen.maps``, None outside a walk
+# Within one simulate() or build_schedule(): the readers, leaf reads, kernels and persistent
+# epilogues of nodes of graphs that do not change while it walks them, each found once (on
+# ResNet-50's emitted modules they were found again ~10^5 times); per thread, as a table each in
+# ``_seen.maps``, None outside a walk
 _seen = threading.local()
 
 
 @contextmanager
 def _graphs_unchanged():
     outer = getattr(_seen, "maps", None)
-    _seen.maps = outer if outer is not None else ({}, {})
+    _seen.maps = outer if outer is not None else ({}, {}, {}, {})
     try:
         yield
     finally:
@@ -275,6 +276,10 @@ def _kernel_end(node: fx.Node, far: Collection[fx.Node] = (), depth: int = 8) ->
     """The node whose kernel computes ``node``: ``node`` itself, or, looking through a reduction
     that is a persistent epilogue and a pointwise value with one reader that computes it, the
     node they are computed in."""
+    return _seen_or_found(2, (node, far, depth), lambda: _find_kernel_end(node, far, depth))
+
+
+def _find_kernel_end(node: fx.Node, far: Collection[fx.Node], depth: int) -> fx.Node:
     for _ in range(depth):
         if persistent_epilogue(node, far):
             node = readers(node)[0]
@@ -339,6 +344,10 @@ def persistent_epilogue(node: fx.Node, far: Collection[fx.Node] = ()) -> bool:
     (a persistent reduction), and the reader's code runs in the same loop, after the row's
     reduction. On a GPU a longer row is reduced in a loop, and a value read again after that
     loop is taken as stored; inductor's CPU code computes it in the kernel at any length."""
+    return _seen_or_found(3, (node, far), lambda: _is_persistent_epilogue(node, far))
+
+
+def _is_persistent_epilogue(node: fx.Node, far: Collection[fx.Node]) -> bool:
     if node.op != "call_function" or node in far or not epilogue_reduction(node, readers(node)):
         return False
     source, dims = node.args[0], node.args[1] if len(node.args) > 1 else None
