@@ -439,8 +439,9 @@ def simulated_peak(joint: JointGraph, problem: Problem, saved: tuple[str, ...], 
 
 def simulated_timeline(joint: JointGraph, problem: Problem, saved: tuple[str, ...], fuse: bool = True) -> Timeline:
     """:func:`simulated_peak`'s whole timeline, with what is alive at its peak."""
-    forward, backward = emit(joint.copy(), problem, saved)
-    return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse)
+    with _torch_compat.lazy_graph_modules():  # walked, never run
+        forward, backward = emit(joint.copy(), problem, saved)
+        return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse)
 
 
 def configured_solver(config: PlannerConfig, problem: Problem, time_limit: float | None = None) -> Solver:

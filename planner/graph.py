@@ -80,7 +80,9 @@ def copy_module(module: fx.GraphModule) -> fx.GraphModule:
     copies: dict[fx.Node, fx.Node] = {}
     for node in module.graph.nodes:
         copies[node] = graph.node_copy(node, copies.__getitem__)
-    return fx.GraphModule(module, graph)
+    from planner._torch_compat import graph_module
+
+    return graph_module(module, graph)
 
 
 @dataclass(eq=False)

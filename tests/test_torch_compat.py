@@ -226,3 +226,16 @@ def test_storage_weakref_expires_when_no_view_holds_the_storage():
     assert not ref.expired()  # the view still uses the storage
     del view
     assert ref.expired()
+
+
+def test_a_graph_module_made_lazily_runs_as_one_made_at_once():
+    from planner._torch_compat import graph_module, lazy_graph_modules
+
+    traced = torch.fx.symbolic_trace(lambda x: torch.tanh(x) * 2 + 1)
+    x = torch.randn(3, 4)
+    with lazy_graph_modules():
+        lazy = graph_module(traced, traced.graph)
+    eager = graph_module(traced, traced.graph)
+    assert isinstance(lazy, torch.fx.GraphModule) and isinstance(eager, torch.fx.GraphModule)
+    assert torch.equal(lazy(x), traced(x)) and torch.equal(eager(x), traced(x))
+    assert "tanh" in lazy.code  # its code is written when read
