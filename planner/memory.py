@@ -60,7 +60,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from dataclasses import dataclass, field
 from itertools import takewhile
-from typing import Collection
+from typing import Collection, Iterable
 
 import numpy as np
 import torch
@@ -750,7 +750,7 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
     walk = _Walk(fuse)
     fwd_out = _outputs(forward)
     walk.run(forward, "forward", keep=fwd_out)
-    forward_end = sum(walk.size[key] for key in walk.live)
+    forward_end = walk.total
     to_caller = _outputs(forward, raw=True)[:num_fwd_outputs]  # by place, as the caller gets them
     kept = [out for k, out in enumerate(to_caller) if k not in released and isinstance(out, fx.Node)]
     held = {key for out in kept for key in walk.keys.get(out, ())}
@@ -758,10 +758,11 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
     inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
     carried = dict(zip(inputs, saved_keys))
     walk.run(backward, "backward", keep=_outputs(backward), carried=carried, held=held)
-    at_peak = tuple(sorted(((key[0], "/".join(map(str, key[1:])), walk.size[key]) for key in walk.peak_live),
+    peak_live = walk.peak_live
+    at_peak = tuple(sorted(((key[0], "/".join(map(str, key[1:])), walk.size[key]) for key in peak_live),
                            key=lambda item: -item[2]))
     saved_at_peak = tuple(out.name for out, keys in zip(fwd_out[num_fwd_outputs:], saved_keys)
-                          if not walk.peak_live.isdisjoint(keys))
+                          if not peak_live.isdisjoint(keys))
     return Timeline(tuple(walk.steps), at_peak, saved_at_peak, forward_end)
 
 
@@ -783,7 +784,11 @@ class _Walk:
         self.steps: list[tuple[str, str, int]] = []
         self.copies: dict[fx.Node, int] = {}
         self.paths: dict[fx.Node, dict[tuple, object]] = {}  # tuple-valued nodes: index path -> storage
-        self.peak_live: frozenset = frozenset()
+        self.total = 0  # bytes of the storages in ``live``
+        self.clock = 0  # steps walked, both modules
+        self.born: dict[object, int] = {}  # storage -> the first step it is alive at
+        self.gone: dict[object, int] = {}  # storage -> the first step it is no longer alive at
+        self.peak_step = -1
         self.peak = -1
         self.far: frozenset = frozenset()  # the phase's reductions stored, not fused (far_epilogues)
         self.tangents: set[object] = set()  # storages no kernel writes into (inputs it does not own)
@@ -804,32 +809,60 @@ class _Walk:
                 for key in keys[inp]:
                     last[key] = max(last.get(key, -1), kernel[node])
         kept = {key for out in keep for key in keys.get(out, ())} | set(held)
+        due: dict[int, list] = {}  # step -> storages not kept whose last reader runs then: freed after it
+        for key in self.live:
+            if key not in kept:
+                due.setdefault(max(last.get(key, -1), 0), []).append(key)
+
+        def arrive(key: object, k: int) -> None:
+            if key not in self.live:
+                self.live.add(key)
+                self.total += self.size[key]
+                self.born[key] = self.clock
+                if key not in kept:
+                    due.setdefault(max(last.get(key, -1), k), []).append(key)
+
         for k, node in enumerate(nodes):
             if self.fuse and len(made[node]) == 1 and generated(node):  # pointwise ops and casts included
-                self.live -= self._reused(made[node][0], k, last, kept, node, keys)
-            self.live.update(made[node])
+                for old in self._reused(made[node][0], k, last, kept, node, keys, due.get(k, ())):
+                    self._leave(old, self.clock)
+            for key in made[node]:
+                arrive(key, k)
             if scratch := workspace_bytes(node, self.fuse):  # alive while the library kernel runs
                 self.size[(phase, node.name, "workspace")] = scratch
-                self.live.add((phase, node.name, "workspace"))
+                arrive((phase, node.name, "workspace"), k)
             if copies := input_copy_bytes(node, self.fuse, self.far):  # made for this kernel alone
                 self.size[(phase, node.name, "input copies")] = copies
-                self.live.add((phase, node.name, "input copies"))
+                arrive((phase, node.name, "input copies"), k)
             if node.op == "call_function":
-                alive = sum(self.size[key] for key in self.live)
-                self.steps.append((phase, node.name, alive))
-                if alive > self.peak:
-                    self.peak, self.peak_live = alive, frozenset(self.live)
-            self.live -= {key for key in self.live if key not in kept and last.get(key, -1) <= k}
+                self.steps.append((phase, node.name, self.total))
+                if self.total > self.peak:
+                    self.peak, self.peak_step = self.total, self.clock
+            for key in due.pop(k, ()):
+                self._leave(key, self.clock + 1)
+            self.clock += 1
         self.keys.update(keys)
 
-    def _reused(self, key: object, k: int, last: dict, kept: set, node: fx.Node, keys: dict) -> set:
+    def _leave(self, key: object, step: int) -> None:
+        if key in self.live:
+            self.live.remove(key)
+            self.total -= self.size[key]
+            self.gone[key] = step
+
+    @property
+    def peak_live(self) -> frozenset:
+        """The storages alive at the peak."""
+        never = self.clock + 1
+        return frozenset(key for key, born in self.born.items() if born <= self.peak_step < self.gone.get(key, never))
+
+    def _reused(self, key: object, k: int, last: dict, kept: set, node: fx.Node, keys: dict, ending: Iterable) -> set:
         """An input storage of the same size that ``node``'s kernel (step ``k``) reads last:
         inductor writes the output into it in place (its ``# reuse``), so the output adds nothing.
         Not a storage in ``kept`` (kept past the kernel), nor one a reduction fused into the
         kernel reads (:func:`fused_reduction_reads`, found only where there is a candidate)."""
         size = self.size[key]
-        candidates = [old for old in self.live if size and old not in kept and old not in self.tangents
-                      and last.get(old, -1) == k and self.size[old] == size]
+        candidates = [old for old in ending if size and old in self.live and old not in self.tangents
+                      and last.get(old, -1) == k and self.size[old] == size]  # ``ending``: freed after step k
         if candidates:
             blocked = {stored for root in fused_reduction_reads(node) for stored in keys.get(root, ())}
             candidates = [old for old in candidates if old not in blocked]
