@@ -161,3 +161,23 @@ def test_zoo_target_c_gives_budget_zeros_gpu_time_and_launches_against_torch_com
     assert "GPU busy 1.250x, 1000 launches against 700" in line and "bound by the host" in line
     del rows[2]["launches"]  # runs from before the field: no count
     assert "launches against" not in next(line for line in zoo_targets(rows) if line.startswith("(c)"))
+
+
+def test_plan_time_bench_times_the_parts_and_a_cold_plan_and_leaves_the_cache_setting(tmp_path, monkeypatch, capsys):
+    import os
+
+    import pytest
+
+    pytest.importorskip("transformers")
+    from bench import plan_time
+
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path / "mine"))
+    out = tmp_path / "plan_time.json"
+    plan_time.main(["--models", "bert", "--size", "tiny", "--budgets", "0.5", "--repeats", "2", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["model"] == "bert" and row["budget"] == 0.5 and row["nodes"] > 0
+    assert 0 < row["simulation_seconds_least"] <= row["simulation_seconds_median"]
+    assert row["predicted_peak_bytes"] > 0 and row["plan_seconds"] > 0
+    assert os.environ["ACPLAN_CACHE_DIR"] == str(tmp_path / "mine")  # the cold plan's cache was its own
+    assert not (tmp_path / "mine").exists()
+    assert "| bert |" in capsys.readouterr().out

@@ -1,0 +1,106 @@
+"""Where a cold plan's time goes on real models: the capture, the problem (the memory model's
+schedule), one plan's simulation, and whole plans.
+
+Per model of ``bench/zoo_models.py`` (bench size unless ``--size tiny``; float32 on a CPU, bf16 on CUDA), in one
+process: the seconds to capture the joint graph with inductor's code generation, to build its
+problem, to simulate the emitted modules of one fixed plan (the runtime-optimal one; the least
+and the median of ``--repeats``), and a cold ``planner.plan`` per budget (an empty cache, the
+default solver and time limit). The plans' predicted peaks and estimated seconds are printed
+beside their times: the time-limited searches may end on other plans from run to run, so two
+commits compare on the capture, problem and simulation columns, and on whole plans only where
+the plans are the same.
+
+    python -m bench.plan_time [--models t5 deberta qwen2] [--budgets 0] [--repeats 7] [--device cpu]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench import save_rows
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def main(argv: list[str] | None = None) -> None:
+    import planner
+    from bench.zoo_models import build
+    from estimators import get_estimator
+    from planner.bounds import runtime_optimal_plan
+    from planner.build import build_problem
+    from planner.compiler import simulated_timeline
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["t5", "deberta", "qwen2"])
+    parser.add_argument("--budgets", type=float, nargs="*", default=[0.0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--size", choices=["bench", "tiny"], default="bench")
+    parser.add_argument("--out", type=Path, default=RESULTS / "plan_time.json")
+    args = parser.parse_args(argv)
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
+    print(f"{device}, torch {torch.__version__}")
+    print("| model | joint nodes | capture s | problem s | simulation s (least / median) | budget | plan s | "
+          "predicted peak GiB | estimated ms |\n|---|---|---|---|---|---|---|---|---|", flush=True)
+    rows = []
+    for name in args.models:
+        model, batch = build(name, args.size, args.device, dtype)
+        start = time.perf_counter()
+        joint = planner.capture(model, list(batch), codegen="inductor")
+        capture = time.perf_counter() - start
+        start = time.perf_counter()
+        problem = build_problem(joint, get_estimator("flops"), fuse=True)
+        problem_seconds = time.perf_counter() - start
+        saved = tuple(problem.names[i] for i in np.flatnonzero(runtime_optimal_plan(problem).saved))
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            simulated_timeline(joint, problem, saved, True)
+            times.append(time.perf_counter() - start)
+        row = {"model": name, "nodes": len(joint.graph.nodes), "capture_seconds": capture, "problem_seconds": problem_seconds,
+               "simulation_seconds_least": min(times), "simulation_seconds_median": statistics.median(times)}
+        for budget in args.budgets or [None]:  # no budgets: the parts alone
+            point = {**row, "budget": budget}
+            if budget is not None:
+                with tempfile.TemporaryDirectory() as cache, _cache_dir(cache):  # cold: nothing solved before
+                    start = time.perf_counter()
+                    found = planner.plan(model, list(batch), memory_budget=budget)
+                    point.update(plan_seconds=time.perf_counter() - start, predicted_peak_bytes=found.decision.peak_bytes,
+                                 estimated_seconds=found.decision.seconds)
+            rows.append(point)
+            save_rows(args.out, device, torch.__version__, rows)
+            print(_line(point), flush=True)
+
+
+def _line(row: dict) -> str:
+    plan = (f"{row['budget']} | {row['plan_seconds']:.1f} | {row['predicted_peak_bytes'] / 2**30:.3f} | "
+            f"{row['estimated_seconds'] * 1e3:.3f}" if row["budget"] is not None else "- | - | - | -")
+    return (f"| {row['model']} | {row['nodes']} | {row['capture_seconds']:.2f} | {row['problem_seconds']:.2f} | "
+            f"{row['simulation_seconds_least']:.2f} / {row['simulation_seconds_median']:.2f} | {plan} |")
+
+
+@contextlib.contextmanager
+def _cache_dir(path: str):
+    """``ACPLAN_CACHE_DIR`` set to ``path`` inside, as it was after."""
+    before = os.environ.get("ACPLAN_CACHE_DIR")
+    os.environ["ACPLAN_CACHE_DIR"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["ACPLAN_CACHE_DIR"]
+        else:
+            os.environ["ACPLAN_CACHE_DIR"] = before
+
+
+if __name__ == "__main__":
+    main()
