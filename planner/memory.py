@@ -810,7 +810,7 @@ class _Walk:
                     last[key] = max(last.get(key, -1), kernel[node])
         kept = {key for out in keep for key in keys.get(out, ())} | set(held)
         due: dict[int, list] = {}  # step -> storages not kept whose last reader runs then: freed after it
-        for key in self.live:
+        for key in sorted(self.live, key=lambda key: (self.born[key], repr(key))):  # in a fixed order
             if key not in kept:
                 due.setdefault(max(last.get(key, -1), 0), []).append(key)
 
