@@ -124,14 +124,10 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
     import statistics
     import tempfile
 
-    from estimators import flops
-    from planner import compiler
     from planner.compiler import solve_graph
     from planner.config import PlannerConfig
-    from planner.decisions import forget_decisions
     from planner.emit import emit
     from planner.graph import JointGraph
-    from solvers import frugal, reference
 
     partition = _torch_compat.pytorch_partition()
 
@@ -146,9 +142,7 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
         mine = JointGraph(copy.deepcopy(joint.module), joint.num_fwd_outputs, joint.joint_inputs)
         with tempfile.TemporaryDirectory() as cache:
             os.environ["ACPLAN_CACHE_DIR"] = cache
-            for found in (frugal._FOUND, reference._FOUND, flops._COUNTED, compiler._PYTORCH_SPLITS):  # what a new process starts without
-                found.clear()
-            forget_decisions()
+            forget_what_the_process_found()
             start = time.perf_counter()
             graph_plan = solve_graph(mine, config)
             emit(mine, graph_plan.problem, graph_plan.decision.saved)
@@ -183,6 +177,19 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
                     print(_cold_row(r), flush=True)
             rows += point
     return rows
+
+
+def forget_what_the_process_found() -> None:
+    """Empty what plans leave in the process (frugal and reference plans, flop counts, PyTorch's
+    splits, decisions): what a new process starts without, for a cold plan."""
+    from estimators import flops
+    from planner import compiler
+    from planner.decisions import forget_decisions
+    from solvers import frugal, reference
+
+    for found in (frugal._FOUND, reference._FOUND, flops._COUNTED, compiler._PYTORCH_SPLITS):
+        found.clear()
+    forget_decisions()
 
 
 COLD_HEADER = ("| layers | joint nodes | budget | method | cold plan s | PyTorch partition s | ratio | status | proven gap "
