@@ -94,8 +94,9 @@ def lazy_graph_modules():
     """A context in which the GraphModules made by :func:`graph_module` and by PyTorch's
     partition extraction write their Python code only when first run or read (torch.fx's lazy
     graph modules, as dynamo makes them): a module that is only walked, as the memory model
-    walks the emitted modules of a plan it weighs, never pays for it (on the CPU, a third of
-    the time T5's emitted modules took to make). A torch without them makes modules as usual."""
+    walks the emitted modules of a plan it weighs, never pays for it (profiled on the CPU, writing
+    that code took about 3 s of 16 for three simulations of T5). A torch without them makes
+    modules as usual."""
     try:
         from torch.fx._lazy_graph_module import _use_lazy_graph_module
     except ImportError:
