@@ -138,8 +138,8 @@ def _shared_input(node: fx.Node) -> fx.Node | None:
     return aliased_input(node) or written_input(node)
 
 
-# Within one simulate() or build_schedule(): the readers, leaf reads, kernels and persistent
-# epilogues of nodes of graphs that do not change while it walks them, each found once (on
+# Within one simulate() or build_schedule(): the readers, leaf reads, kernels, persistent
+# epilogues and constant expressions of nodes of graphs that do not change while it walks them, each found once (on
 # ResNet-50's emitted modules they were found again ~10^5 times); per thread, as a table each in
 # ``_seen.maps``, None outside a walk
 _seen = threading.local()
@@ -148,7 +148,7 @@ _seen = threading.local()
 @contextmanager
 def _graphs_unchanged():
     outer = getattr(_seen, "maps", None)
-    _seen.maps = outer if outer is not None else ({}, {}, {}, {})
+    _seen.maps = outer if outer is not None else ({}, {}, {}, {}, {})
     try:
         yield
     finally:
@@ -554,6 +554,8 @@ def _find_leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
         producer = inp
         while _shared_input(producer) is not None:
             producer = _shared_input(producer)
+        if reads_nothing(producer):
+            continue
         reading = readers(producer)
         if depth > 0 and fusible(producer) and all(fuses_producers(r) for r in reading):
             inner = _leaf_reads(producer, depth - 1)
@@ -562,6 +564,30 @@ def _find_leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
                 continue
         leaves.add(producer)
     return frozenset(leaves)
+
+
+def reads_nothing(node: fx.Node) -> bool:
+    """``node`` is computed from constants alone (``iota``, ``full``...) through pointwise ops,
+    casts, views and loads at computed indices (``index``, ``gather``): inductor computes it in
+    every kernel that reads it, and it loads no stored input there, however many ops it takes.
+
+    transformers builds its causal masks so: positions from ``iota``, compared, and-ed with a
+    padding mask indexed out of a ``full`` of ones. On an H200, Bloom's recomputed softmax (a
+    float32 expression of the scores, the mask and the row max and sum) was counted as reading
+    six stored inputs, so as stored for its two readers: 512 MiB a layer at batch 8 that inductor
+    never allocated (budget 0: 1570 MiB predicted, 1104 measured)."""
+    return _seen_or_found(4, node, lambda: _reads_nothing(node))
+
+
+def _reads_nothing(node: fx.Node) -> bool:
+    if node.op != "call_function" or not isinstance(node.meta.get("val"), torch.Tensor):
+        return False
+    if node.target in _CONSTANTS:
+        return True
+    loads = node.target in _INDEXING[:4]  # gather, embedding, index: pointwise loads (not the scatters)
+    if not (fusible(node) or loads or _shared_input(node) is not None) or _name(node.target) in _RANDOM_PRIMS:
+        return False
+    return all(reads_nothing(i) for i in node.all_input_nodes)
 
 
 def fused_reduction_reads(writer: fx.Node, depth: int = 12) -> frozenset[fx.Node]:
@@ -953,7 +979,11 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
         transient[i] = stored_bytes(node, forward + ([joint.output_node] if out else []), fuse)
         in_backward = [r for r in reading if r.op != "output"]
         fused[i] = fuse and isinstance(node.meta.get("val"), torch.Tensor) and _inlined(node, in_backward)
-        copy_bytes[i] = 0 if fused[i] else stored_bytes(node, in_backward, fuse=False)
+        # a recomputed reduction fused into a reader that runs far from it (a product between
+        # them) is stored where it runs (far_epilogues), which only the plan decides: a row's
+        # worth, counted stored (the test GPT's softmax inlined into its gradient's readers kept
+        # its row max and sums stored, 1152 bytes over a bound without them)
+        copy_bytes[i] = 0 if fused[i] and not is_reduction(node) else stored_bytes(node, in_backward, fuse=False)
         if is_getitem(node) and node.args[0] in index:
             made_with[i] = index[node.args[0]]
         if fused[i] and laid_out_for_replay(node):

@@ -426,6 +426,44 @@ def test_a_value_whose_readers_all_run_in_one_kernel_is_never_stored(row, monkey
     assert not [line for line in code.splitlines() if "empty_strided_cpu((64, %d)" % row in line and "float32" in line], code
 
 
+def _masked_scores(scores, row_max, grad):
+    """A value read by two kernels: the scores, their row max, and a mask made as transformers
+    makes its causal masks (positions from ``arange``, compared, and-ed with a padding mask of
+    ones indexed by batch), more than eight ops from the positions."""
+    b, s, _ = scores.shape
+    q, k = torch.arange(s) + 0, torch.arange(s) + 0
+    causal = k[None, None, :] <= q[None, :, None]
+    padding = torch.ones(b, s, dtype=torch.bool)[torch.arange(b)[:, None, None], k[None, None, :]]
+    mask = torch.where(causal & padding, 0.0, -1e4).to(scores.dtype)
+    x = (((scores + mask).float() - row_max) * 0.5 + 1.0).abs()
+    y = grad * x
+    return y.sum(0), (x * y.sum(-1, keepdim=True)).to(torch.bfloat16)
+
+
+def test_a_mask_made_from_constants_loads_nothing():
+    """Inductor computes a value made from constants alone (through pointwise ops, views and
+    indexing) in the kernels that read it, loading nothing: the shared value reads two stored
+    inputs, not the mask's positions and indexed padding (counted, five: stored, as Bloom's
+    recomputed softmax was, 512 MiB a layer never allocated on an H200). Inductor's code has no
+    buffer of its shape in float32."""
+    from torch._inductor.utils import run_and_get_code
+
+    import planner.memory as memory
+
+    args = [torch.randn(4, 64, 64), torch.randn(4, 64, 1), torch.randn(4, 64, 64)]
+    gm = _traced(_masked_scores, *args)
+    x = next(n for n in gm.graph.nodes if n.target is aten.abs.default)
+    assert len(memory.readers(x)) == 2
+    assert {leaf.target for leaf in memory._leaf_reads(x, depth=8)} == {"scores_1", "row_max_1"}
+    assert memory.stored_bytes(x, memory.readers(x), fuse=True) == 0
+    mask = next(n for n in gm.graph.nodes if n.target is aten.where.self)
+    assert memory.reads_nothing(mask) and not memory.reads_nothing(x)
+
+    torch._dynamo.reset()
+    _, (code, *_) = run_and_get_code(torch.compile(_masked_scores, backend="inductor"), *args)
+    assert not [line for line in code.splitlines() if "empty_strided_cpu((4, 64, 64)" in line and "float32" in line], code
+
+
 class _CrossEntropyHead(torch.nn.Module):
     def __init__(self, vocab: int) -> None:
         super().__init__()
