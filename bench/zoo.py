@@ -99,8 +99,12 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
     print(_HEADER, flush=True)
     model = copy.deepcopy(base)
     record({"method": "eager"}, model, model)
-    model = library_checkpointing(name, copy.deepcopy(base))
-    record({"method": "library checkpointing"}, model, model)
+    try:
+        model = library_checkpointing(name, copy.deepcopy(base))
+    except NotImplementedError as err:  # said in the table; target (c) is then the time alone
+        print(f"| {name} | library checkpointing: {err} |", flush=True)
+    else:
+        record({"method": "library checkpointing"}, model, model)
     for budget in args.torch_budgets:
         if out_of_time(f"torch.compile at {budget}"):
             continue
@@ -204,6 +208,11 @@ def targets(rows: list[dict], slack: float = 1.01) -> list[str]:
         ok = zero["peak_activation_bytes"] <= ckpt["peak_activation_bytes"] and zero["step_ms"] <= 1.3 * ref["step_ms"]
         lines.append(f"(c) {verdict(ok)}: planner 0 {_gm(zero)}, library checkpointing {_gm(ckpt)} "
                      f"({zero['step_ms'] / ref['step_ms']:.3f}x torch.compile 1.0's time{_busy(zero, ref)})")
+    elif zero and ref:
+        ok = zero["step_ms"] <= 1.3 * ref["step_ms"]
+        lines.append(f"(c) {verdict(ok)} for the time alone: planner 0 {_gm(zero)} "
+                     f"({zero['step_ms'] / ref['step_ms']:.3f}x torch.compile 1.0's time{_busy(zero, ref)}); "
+                     "no library checkpointing was measured")
     errors = [(r["predicted_peak_bytes"] - r["peak_activation_bytes"]) / r["peak_activation_bytes"]
               for r in ours if r.get("predicted_peak_bytes") is not None and r["peak_activation_bytes"] > 0]
     if errors:

@@ -177,6 +177,44 @@ def _t5(size: str):
     return _CausalLM(T5ForConditionalGeneration(cfg)), _tokens(batch, seq, vocab)
 
 
+def _gemma2(size: str):
+    """Soft-capped attention scores and logits, sliding-window attention every second layer,
+    norms before and after each block, in the library's eager attention (soft-capping needs it)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    layers, d, heads, kv, ffn, seq, batch, vocab = ((6, 1024, 8, 4, 4096, 2048, 4, 8192) if size == "bench"
+                                                    else (2, 64, 4, 2, 128, 32, 2, 128))
+    cfg = Gemma2Config(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
+                       head_dim=d // heads, intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=seq,
+                       sliding_window=seq // 2, attn_implementation="eager")
+    return _CausalLM(Gemma2ForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _qwen3(size: str):
+    """Grouped-query attention with RMS norms on the queries and keys."""
+    return _decoder(size, "Qwen3", (6, 1024, 16, 8, 3072, 2048, 4, 8192), head_dim=64)
+
+
+def _bloom(size: str):
+    """ALiBi position biases added to the scores in one ``baddbmm``, eager attention, a float32
+    softmax, and a LayerNorm after the embedding."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    layers, d, heads, seq, batch, vocab = (6, 1024, 16, 1024, 8, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = BloomConfig(n_layer=layers, hidden_size=d, n_head=heads, vocab_size=vocab)
+    return _CausalLM(BloomForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _gptj(size: str):
+    """Attention and MLP side by side, rotary on a quarter of each head (interleaved pairs)."""
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    layers, d, heads, seq, batch, vocab = (6, 1024, 16, 1024, 8, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = GPTJConfig(n_layer=layers, n_embd=d, n_head=heads, rotary_dim=d // heads // 2, n_positions=seq,
+                     vocab_size=vocab, bos_token_id=0, eos_token_id=0)
+    return _CausalLM(GPTJForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
 def _timm(arch: str, bench_batch: int, tiny: dict, tiny_arch: str | None = None):
     """``arch`` at the bench size; at the tiny size ``tiny_arch`` (the same family, smaller) or
     ``arch`` itself, built with the ``tiny`` keywords."""
@@ -234,6 +272,13 @@ MODELS: dict[str, ZooModel] = {
     "densenet": ZooModel(_timm("densenet121", 64, {"growth_rate": 8, "block_config": (1, 2, 2, 1)}),
                          "timm", "densenet121, batch 64"),
     "regnet": ZooModel(_timm("regnety_016", 128, {}, tiny_arch="regnety_002"), "timm", "regnety_016, batch 128"),
+    # a fourth round, measured before any change for them (the constant-mask rule came of Bloom)
+    "gemma2": ZooModel(_gemma2, "transformers", "Gemma2ForCausalLM, 6 layers, d 1024, 8 heads / 4 kv, ffn 4096, "
+                       "seq 2048 (window 1024), batch 4, vocab 8192, eager attention"),
+    "qwen3": ZooModel(_qwen3, "transformers",
+                      "Qwen3ForCausalLM, 6 layers, d 1024, 16 heads / 8 kv, ffn 3072, seq 2048, batch 4, vocab 8192"),
+    "bloom": ZooModel(_bloom, "transformers", "BloomForCausalLM, 6 layers, d 1024, 16 heads, seq 1024, batch 8, vocab 8192"),
+    "gptj": ZooModel(_gptj, "transformers", "GPTJForCausalLM, 6 layers, d 1024, 16 heads, seq 1024, batch 8, vocab 8192"),
 }
 
 
@@ -247,10 +292,17 @@ def build(name: str, size: str = "bench", device: str = "cpu", dtype: torch.dtyp
 
 
 def library_checkpointing(name: str, model: nn.Module) -> nn.Module:
-    """``model`` with its library's own gradient checkpointing turned on (in place)."""
+    """``model`` with its library's own gradient checkpointing turned on (in place).
+
+    Raises NotImplementedError where the library has none for this model (timm's Inception-v3
+    asserts, a transformers model without ``supports_gradient_checkpointing`` raises ValueError)."""
     inner = model.model
-    if MODELS[name].library == "transformers":
-        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        inner.set_grad_checkpointing(True)
+    library = MODELS[name].library
+    try:
+        if library == "transformers":
+            inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            inner.set_grad_checkpointing(True)
+    except (AssertionError, ValueError, NotImplementedError) as err:
+        raise NotImplementedError(f"{library} has no gradient checkpointing for {name} ({type(err).__name__}: {err})") from err
     return model

@@ -1,6 +1,8 @@
 """The benchmarks' reports: targets decided from the rows, files written from merged runs."""
 import json
 
+import pytest
+
 from bench.pareto import main, targets
 
 GIB = 2**30
@@ -161,6 +163,35 @@ def test_zoo_target_c_gives_budget_zeros_gpu_time_and_launches_against_torch_com
     assert "GPU busy 1.250x, 1000 launches against 700" in line and "bound by the host" in line
     del rows[2]["launches"]  # runs from before the field: no count
     assert "launches against" not in next(line for line in zoo_targets(rows) if line.startswith("(c)"))
+
+
+def test_zoo_target_c_without_library_checkpointing_is_the_time_alone():
+    from bench.zoo import targets as zoo_targets
+
+    rows = [{"model": "m", "method": "torch.compile", "budget": 1.0, "peak_activation_bytes": 100, "step_ms": 10.0},
+            {"model": "m", "method": "planner", "budget": 0.0, "peak_activation_bytes": 40, "step_ms": 12.0}]
+    line = next(line for line in zoo_targets(rows) if line.startswith("(c)"))
+    assert line.startswith("(c) met for the time alone") and "no library checkpointing was measured" in line
+    rows[1]["step_ms"] = 14.0
+    assert next(line for line in zoo_targets(rows) if line.startswith("(c)")).startswith("(c) NOT met for the time alone")
+
+
+def test_a_model_whose_library_has_no_checkpointing_says_so(monkeypatch):
+    import torch.nn as nn
+
+    from bench import zoo_models
+
+    class Refusing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = self
+
+        def set_grad_checkpointing(self, enable: bool = True) -> None:
+            assert False, "gradient checkpointing not supported"  # as timm's Inception-v3 refuses
+
+    monkeypatch.setitem(zoo_models.MODELS, "refusing", zoo_models.ZooModel(lambda size: (Refusing(), ()), "timm", "-"))
+    with pytest.raises(NotImplementedError, match="timm has no gradient checkpointing for refusing"):
+        zoo_models.library_checkpointing("refusing", Refusing())
 
 
 def test_plan_time_bench_times_the_parts_and_a_cold_plan_and_leaves_the_cache_setting(tmp_path, monkeypatch, capsys):
