@@ -236,7 +236,7 @@ def _inlined(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = (
         return True
     if _name(node.target) in _RANDOM_VALUES:
         return random_in_one_kernel(node, far)
-    if not (fusible(node) and reading and all(_leaves_unstored(r) for r in reading)):
+    if not ((fusible(node) or reads_nothing(node)) and reading and all(_leaves_unstored(r) for r in reading)):
         return False
     if any(_name(user.target) == _AS_TRACED for user in node.users):  # stored where it is made (laid_out_for_replay)
         return False
@@ -458,6 +458,27 @@ def far_epilogues(order: list[fx.Node], fuse: bool) -> frozenset[fx.Node]:
     externs = np.cumsum([0] + [int(_extern(node)) for node in order])
     return frozenset(order[k] for k, read in candidates
                      if kernels[read] - kernels[k] > FUSION_DISTANCE or externs[read] > externs[k + 1])
+
+
+def kernel_count(gm: fx.GraphModule, fuse: bool, backward: bool = False) -> int:
+    """Kernels ``gm`` runs, counted as inductor's scheduler counts its nodes before fusion (as
+    :func:`far_epilogues` does): one per value stored by the rules above (a value computed inside
+    its readers' kernels is none) and one per operator inductor does not generate (a library
+    kernel). Inductor fuses some of those nodes into one kernel (a reduction with the pointwise
+    value it reads): counts compare plans of one graph, not a plan with the launches measured. ``backward``: ``gm`` is a backward, whose far reductions are stored. Without
+    ``fuse`` (eager codegen), one per operator."""
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    with _graphs_unchanged():
+        far = far_epilogues(nodes, fuse) if backward else frozenset()
+        count = 0
+        for node in nodes:
+            if node.op != "call_function" or is_getitem(node) or _shared_input(node) is not None:
+                continue
+            if (isinstance(node.meta.get("val"), torch.Tensor) and (generated(node) or node.target in _INDEXING)
+                    and stored_bytes(node, readers(node), fuse, far) == 0):
+                continue
+            count += 1
+        return count
 
 
 def _extern(node: fx.Node) -> bool:

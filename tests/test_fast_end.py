@@ -245,6 +245,11 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
     assert simulated.saved == names(split)
     assert simulated.stats[FAST_END_CHOICE]["compared"] == {"solver": 1000, "split": 1010, "figures": "simulated"}
     assert prefer_pytorch_split(problem, solved(close, split.peak_bytes), split, simulated=(900, 1010)).saved == names(close)
+    # clearly less and estimated no slower, but running more kernels than the split: the split
+    more = prefer_pytorch_split(problem, solved(lean, split.peak_bytes), split, kernels=(120, 100))
+    assert more.saved == names(split) and more.stats[FAST_END_CHOICE]["kernels"] == {"solver": 120, "split": 100}
+    assert "runs 120 kernels against the split's 100" in more.stats[FAST_END_CHOICE]["why"]
+    assert prefer_pytorch_split(problem, solved(lean, split.peak_bytes), split, kernels=(100, 100)).saved == names(lean)
 
 
 

@@ -464,6 +464,29 @@ def test_a_mask_made_from_constants_loads_nothing():
     assert not [line for line in code.splitlines() if "empty_strided_cpu((4, 64, 64)" in line and "float32" in line], code
 
 
+def test_kernels_are_counted_as_the_values_inductor_stores_before_fusing_them():
+    """One kernel per stored value and per library call, before inductor fuses them: here the
+    batch sum and the output's cast; the shared value, its row sum (a persistent epilogue), the
+    mask made from constants (its indexed padding too) are computed inside them. Inductor's CPU
+    code fuses the two into one loop nest: a count to compare plans by, at or above the kernels
+    run. Without fusion (eager codegen) every operator is one."""
+    from torch._inductor.utils import run_and_get_code
+
+    import planner.memory as memory
+
+    args = [torch.randn(4, 64, 64), torch.randn(4, 64, 1), torch.randn(4, 64, 64)]
+    gm = _traced(_masked_scores, *args)
+    index = next(n for n in gm.graph.nodes if n.target is aten.index.Tensor)
+    assert memory.stored_bytes(index, memory.readers(index), fuse=True) == 0
+    assert memory.kernel_count(gm, fuse=True) == 2
+    assert memory.kernel_count(gm, fuse=False) == len([n for n in gm.graph.nodes if n.op == "call_function"
+                                                       and memory._shared_input(n) is None])
+
+    torch._dynamo.reset()
+    _, (code, *_) = run_and_get_code(torch.compile(_masked_scores, backend="inductor"), *args)
+    assert 1 <= code.count("async_compile.cpp_pybinding(") <= 2, code
+
+
 class _CrossEntropyHead(torch.nn.Module):
     def __init__(self, vocab: int) -> None:
         super().__init__()
