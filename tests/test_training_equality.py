@@ -43,3 +43,27 @@ def test_inductor_codegen_trains_like_eager(model):
         be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=0.0, solver="cpsat")
         assert_same_step(MODELS[model], lambda twin, inputs: torch.compile(twin, backend=be))
     assert be.graphs and be.graphs[0].decision.recompute_seconds > 0
+
+
+class _FrozenPositions(torch.nn.Module):
+    """Frozen sinusoidal positions (as Marian's and Pegasus's) and a layer the loss never reaches:
+    neither parameter has a gradient, in eager or planned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = torch.nn.Parameter(torch.randn(8, 16), requires_grad=False)
+        self.layer = torch.nn.Linear(16, 16)
+        self.unused = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.layer(x + self.positions).tanh()
+        return (self.layer(h) * h).sum()
+
+
+@pytest.mark.parametrize("budget", [0.0, 1.0])
+def test_frozen_and_unreached_parameters_train_like_eager(budget):
+    def make():
+        torch.manual_seed(0)
+        return _FrozenPositions(), (torch.randn(4, 8, 16),)
+
+    assert_same_step(make, lambda twin, inputs: planner.compile(twin, memory_budget=budget, codegen="eager", time_limit=5))
