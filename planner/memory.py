@@ -139,9 +139,9 @@ def _shared_input(node: fx.Node) -> fx.Node | None:
 
 
 # Within one simulate() or build_schedule(): the readers, leaf reads, kernels, persistent
-# epilogues and constant expressions of nodes of graphs that do not change while it walks them, each found once (on
-# ResNet-50's emitted modules they were found again ~10^5 times); per thread, as a table each in
-# ``_seen.maps``, None outside a walk
+# epilogues and constant expressions of nodes of graphs that do not change while it walks them,
+# each found once (on ResNet-50's emitted modules they were found again ~10^5 times); per
+# thread, as a table each in ``_seen.maps``, None outside a walk
 _seen = threading.local()
 
 
@@ -465,8 +465,9 @@ def kernel_count(gm: fx.GraphModule, fuse: bool, backward: bool = False) -> int:
     :func:`far_epilogues` does): one per value stored by the rules above (a value computed inside
     its readers' kernels is none) and one per operator inductor does not generate (a library
     kernel). Inductor fuses some of those nodes into one kernel (a reduction with the pointwise
-    value it reads): counts compare plans of one graph, not a plan with the launches measured. ``backward``: ``gm`` is a backward, whose far reductions are stored. Without
-    ``fuse`` (eager codegen), one per operator."""
+    value it reads): counts compare plans of one graph, not a plan with the launches measured.
+    ``backward``: ``gm`` is a backward, whose far reductions are stored. Without ``fuse`` (eager
+    codegen), one per operator."""
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
     with _graphs_unchanged():
         far = far_epilogues(nodes, fuse) if backward else frozenset()
@@ -605,8 +606,8 @@ def _reads_nothing(node: fx.Node) -> bool:
         return False
     if node.target in _CONSTANTS:
         return True
-    loads = node.target in _INDEXING[:4]  # gather, embedding, index: pointwise loads (not the scatters)
-    if not (fusible(node) or loads or _shared_input(node) is not None) or _name(node.target) in _RANDOM_PRIMS:
+    computed = fusible(node) or node.target in _LOADS or _shared_input(node) is not None
+    if not computed or _name(node.target) in _RANDOM_PRIMS:
         return False
     return all(reads_nothing(i) for i in node.all_input_nodes)
 
@@ -746,9 +747,10 @@ _LOWERED_POINTWISE = frozenset({"prims._low_memory_max_pool_offsets_to_indices.d
 # a pointwise producer (max pooling's indices, scattered into by its backward) is computed there.
 _RNG_WRAPPERS = frozenset({"run_with_rng_state", "run_and_save_rng_state"})  # planner._torch_compat's RNG ops
 CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
-_INDEXING = (torch.ops.aten.gather.default, torch.ops.aten.embedding.default, torch.ops.aten.index.Tensor,
-             torch.ops.aten._unsafe_index.Tensor, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter.src,
-             torch.ops.aten.scatter.value)
+# indexing ops inductor lowers to pointwise loads at computed indices (the scatters below write a buffer)
+_LOADS = (torch.ops.aten.gather.default, torch.ops.aten.embedding.default, torch.ops.aten.index.Tensor,
+          torch.ops.aten._unsafe_index.Tensor)
+_INDEXING = (*_LOADS, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter.src, torch.ops.aten.scatter.value)
 
 
 def convolutions_laid_out(nodes: list[fx.Node]) -> bool:
