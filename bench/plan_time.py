@@ -15,7 +15,6 @@ the plans are the same.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import tempfile
@@ -32,7 +31,7 @@ RESULTS = Path(__file__).parent / "results"
 
 def main(argv: list[str] | None = None) -> None:
     import planner
-    from bench.solvers import forget_what_the_process_found
+    from bench.solvers import cache_dir, forget_what_the_process_found
     from bench.zoo_models import build
     from estimators import get_estimator
     from planner.bounds import runtime_optimal_plan
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         for budget in args.budgets or [None]:  # no budgets: the parts alone
             point = {**row, "budget": budget}
             if budget is not None:
-                with tempfile.TemporaryDirectory() as cache, _cache_dir(cache):  # cold: nothing solved before
+                with tempfile.TemporaryDirectory() as cache, cache_dir(cache):  # cold: nothing solved before
                     forget_what_the_process_found()  # the flop counts of the problem above included
                     start = time.perf_counter()
                     found = planner.plan(model, list(batch), memory_budget=budget)
@@ -88,20 +87,6 @@ def _line(row: dict) -> str:
             f"{row['estimated_seconds'] * 1e3:.3f}" if row["budget"] is not None else "- | - | - | -")
     return (f"| {row['model']} | {row['nodes']} | {row['capture_seconds']:.2f} | {row['problem_seconds']:.2f} | "
             f"{row['simulation_seconds_least']:.2f} / {row['simulation_seconds_median']:.2f} | {plan} |")
-
-
-@contextlib.contextmanager
-def _cache_dir(path: str):
-    """``ACPLAN_CACHE_DIR`` set to ``path`` inside, as it was after."""
-    before = os.environ.get("ACPLAN_CACHE_DIR")
-    os.environ["ACPLAN_CACHE_DIR"] = path
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["ACPLAN_CACHE_DIR"]
-        else:
-            os.environ["ACPLAN_CACHE_DIR"] = before
 
 
 if __name__ == "__main__":

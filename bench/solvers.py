@@ -18,6 +18,7 @@ Prints a markdown table and writes ``bench/results/solvers.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -140,8 +141,7 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
 
     def our_seconds(joint, config: PlannerConfig):
         mine = JointGraph(copy.deepcopy(joint.module), joint.num_fwd_outputs, joint.joint_inputs)
-        with tempfile.TemporaryDirectory() as cache:
-            os.environ["ACPLAN_CACHE_DIR"] = cache
+        with tempfile.TemporaryDirectory() as cache, cache_dir(cache):  # cold, and the setting left as it was
             forget_what_the_process_found()
             start = time.perf_counter()
             graph_plan = solve_graph(mine, config)
@@ -190,6 +190,20 @@ def forget_what_the_process_found() -> None:
     for found in (frugal._FOUND, reference._FOUND, flops._COUNTED, compiler._PYTORCH_SPLITS):
         found.clear()
     forget_decisions()
+
+
+@contextlib.contextmanager
+def cache_dir(path: str):
+    """``ACPLAN_CACHE_DIR`` set to ``path`` inside, as it was after."""
+    before = os.environ.get("ACPLAN_CACHE_DIR")
+    os.environ["ACPLAN_CACHE_DIR"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["ACPLAN_CACHE_DIR"]
+        else:
+            os.environ["ACPLAN_CACHE_DIR"] = before
 
 
 COLD_HEADER = ("| layers | joint nodes | budget | method | cold plan s | PyTorch partition s | ratio | status | proven gap "

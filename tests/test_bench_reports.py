@@ -194,6 +194,22 @@ def test_a_model_whose_library_has_no_checkpointing_says_so(monkeypatch):
         zoo_models.library_checkpointing("refusing", Refusing())
 
 
+def test_cold_solver_bench_leaves_the_cache_setting(tmp_path, monkeypatch):
+    """Each cold plan gets an empty cache directory of its own, and the process's setting is
+    as it was after the bench (it was left pointing at a deleted directory)."""
+    import os
+
+    from bench.solvers import cold
+
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path / "mine"))
+    rows = cold([1], [0.5], ["greedy"], time_limit=5, repeats=1)
+    assert len(rows) == 1 and rows[0]["method"] == "greedy" and rows[0]["cold_seconds"] > 0
+    assert os.environ["ACPLAN_CACHE_DIR"] == str(tmp_path / "mine")
+    monkeypatch.delenv("ACPLAN_CACHE_DIR")
+    cold([1], [0.5], ["greedy"], time_limit=5, repeats=1)
+    assert "ACPLAN_CACHE_DIR" not in os.environ
+
+
 def test_plan_time_bench_times_the_parts_and_a_cold_plan_and_leaves_the_cache_setting(tmp_path, monkeypatch, capsys):
     import os
 
