@@ -88,6 +88,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
                     "polish": [g.decision.stats.get("polish") for g in backend.graphs],
                     "time_limits": [g.decision.stats.get("time_limit") for g in backend.graphs],
                     "pytorch_split_seconds": [g.decision.stats.get("pytorch_split_seconds") for g in backend.graphs],
+                    "fast_end_kernels": [g.decision.stats.get("fast_end_kernels") for g in backend.graphs],
                     "fusions_refused": backend.fusions_refused.refused,
                     "fusions_refused_across": backend.fusions_refused.refused_across}
         try:

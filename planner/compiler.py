@@ -134,6 +134,7 @@ _PYTORCH_SPLITS: dict[tuple[str, bool], _Split] = {}  # (graph fingerprint, fuse
 # nothing else keeps graphs alive; a graph traced again, as plan() does, is split again)
 _LAST_SPLIT_MODULES: dict[int, tuple[JointGraph, fx.GraphModule, fx.GraphModule]] = {}
 FAST_END_CHOICE = "fast_end_choice"  # Decision.stats: budget 1.0 took PyTorch's split over the solver's plan, and why
+FAST_END_KERNELS = "fast_end_kernels"  # Decision.stats: at budget 1.0, the kernels of the solver's plan and of the split
 # Budget 1.0 keeps the solver's plan over PyTorch's split only where it holds clearly less: a
 # predicted peak lower by more than the memory model's own tolerance at the fast end (the 3% of
 # bench/zoo.py's target (d); measured errors there reach 2.9%). Time estimates do not decide it:
@@ -181,8 +182,9 @@ def prefer_pytorch_split(problem: Problem, decision: Decision, split: Evaluation
     figures = "simulated" if simulated is not None else "by the problem"
     smaller = ours < (1 - SPLIT_PEAK_MARGIN) * theirs
     more_kernels = kernels is not None and kernels[0] > kernels[1]
+    counted = {} if kernels is None else {FAST_END_KERNELS: {"solver": kernels[0], "split": kernels[1]}}
     if smaller and decision.seconds <= split.seconds and not more_kernels:
-        return decision
+        return replace(decision, stats={**decision.stats, **counted})
     bound = None if decision.gap is None else decision.seconds * (1 - decision.gap)
     gap = None if bound is None else (0.0 if split.seconds <= 0 else max(0.0, 1 - bound / split.seconds))
     if not smaller:
@@ -198,14 +200,12 @@ def prefer_pytorch_split(problem: Problem, decision: Decision, split: Evaluation
         why += f"; the budget is the split's peak, over the fast end's {decision.budget_bytes} bytes"
     return _with_plan(problem, decision, split, budget_bytes=max(decision.budget_bytes, split.peak_bytes),
                       status=Status.HEURISTIC, gap=gap,
-                      stats={**decision.stats, FAST_END_CHOICE: {"plan": "pytorch split", "why": why,
+                      stats={**decision.stats, **counted, FAST_END_CHOICE: {"plan": "pytorch split", "why": why,
                                                                  "solver_peak_bytes": decision.peak_bytes,
                                                                  "solver_seconds": decision.seconds,
                                                                  "solver_status": decision.status,
                                                                  "compared": {"solver": ours, "split": theirs,
-                                                                              "figures": figures},
-                                                                 "kernels": (None if kernels is None else
-                                                                             {"solver": kernels[0], "split": kernels[1]})}})
+                                                                              "figures": figures}}})
 
 
 def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, fuse: bool = True,

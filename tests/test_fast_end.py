@@ -199,7 +199,7 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
     unless that is estimated slower than the split."""
     import numpy as np
 
-    from planner.compiler import FAST_END_CHOICE, SPLIT_PEAK_MARGIN, prefer_pytorch_split
+    from planner.compiler import FAST_END_CHOICE, FAST_END_KERNELS, SPLIT_PEAK_MARGIN, prefer_pytorch_split
     from planner.decision import Decision
 
     problem = random_problem(seed=7, n=9, timed=True, priced=True)
@@ -247,9 +247,10 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
     assert prefer_pytorch_split(problem, solved(close, split.peak_bytes), split, simulated=(900, 1010)).saved == names(close)
     # clearly less and estimated no slower, but running more kernels than the split: the split
     more = prefer_pytorch_split(problem, solved(lean, split.peak_bytes), split, kernels=(120, 100))
-    assert more.saved == names(split) and more.stats[FAST_END_CHOICE]["kernels"] == {"solver": 120, "split": 100}
+    assert more.saved == names(split) and more.stats[FAST_END_KERNELS] == {"solver": 120, "split": 100}
     assert "runs 120 kernels against the split's 100" in more.stats[FAST_END_CHOICE]["why"]
-    assert prefer_pytorch_split(problem, solved(lean, split.peak_bytes), split, kernels=(100, 100)).saved == names(lean)
+    fewer = prefer_pytorch_split(problem, solved(lean, split.peak_bytes), split, kernels=(100, 100))
+    assert fewer.saved == names(lean) and fewer.stats[FAST_END_KERNELS] == {"solver": 100, "split": 100}
 
 
 
