@@ -175,9 +175,8 @@ def prefer_pytorch_split(problem: Problem, decision: Decision, split: Evaluation
     priced: each extra kernel reads again what it recomputes, where the estimates had it fused, and
     pays a launch on a step the host may bound. On an H200, Gemma2's plan 19% under the split's
     peak, priced 26% cheaper in recomputation, ran 411 launches against torch.compile's 374 and
-    1.038x its time (GPU busy 1.077x); the plans that stood and ran faster ran fewer (T5: 667
-    against 805, 0.78-0.88x), as did those within 1% (Bloom 348 against 349, DeBERTa 448 against
-    449), and Mixtral's, 1.04-1.08x, more (409 against 391)."""
+    1.038x its time (GPU busy 1.077x); the solver's plans that stood and ran faster ran fewer
+    (T5: 667 against 805, 0.78-0.88x), and Mixtral's, 1.04-1.08x, more (409 against 391)."""
     ours, theirs = simulated if simulated is not None else (decision.peak_bytes, split.peak_bytes)
     figures = "simulated" if simulated is not None else "by the problem"
     smaller = ours < (1 - SPLIT_PEAK_MARGIN) * theirs
