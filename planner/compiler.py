@@ -29,7 +29,7 @@ from planner.emit import Transfer, emit
 from planner.errors import PlanFileError
 from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph, copy_module
-from planner.memory import Timeline, kernel_count, simulate
+from planner.memory import Timeline, simulate
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
 from solvers import get_solver
 from solvers.base import Solver, relative_gap
@@ -87,9 +87,10 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         if budget.fraction == 0.0:
             decision = least_peak_polish(joint, problem, decision, fuse)
         if budget.fraction == 1.0 and split is not None:
-            timeline, kernels = simulated_plan(joint, problem, decision.saved, fuse)
+            timeline = simulated_timeline(joint, problem, decision.saved, fuse)
+            kernels = None if PYTORCH_KERNELS not in theirs else (timeline.kernels, theirs[PYTORCH_KERNELS])
             decision = prefer_pytorch_split(problem, decision, split, (timeline.peak, theirs[PYTORCH_SIMULATED_PEAK]),
-                                            kernels=None if PYTORCH_KERNELS not in theirs else (kernels, theirs[PYTORCH_KERNELS]))
+                                            kernels=kernels)
         if config.offload == "auto":
             decision = auto_offload(joint, problem, config, solver, estimator, decision)
         limit = {TIME_LIMIT: {"seconds": seconds, "rule": rule}}
@@ -113,7 +114,7 @@ PYTORCH_PEAK = "pytorch_split_peak_bytes"  # Decision.stats: the peak of PyTorch
 # Decision.stats: the simulated peak of PyTorch's own modules for the graph (planner.memory.simulate)
 PYTORCH_SIMULATED_PEAK = "pytorch_split_simulated_peak_bytes"
 PYTORCH_SPLIT_SECONDS = "pytorch_split_seconds"  # Decision.stats: the seconds PyTorch's partitioner took on the graph
-PYTORCH_KERNELS = "pytorch_split_kernels"  # Decision.stats: the kernels PyTorch's split runs (planner.memory.kernel_count)
+PYTORCH_KERNELS = "pytorch_split_kernels"  # Decision.stats: the kernels PyTorch's split runs (Timeline.kernels)
 TIME_LIMIT = "time_limit"  # Decision.stats: the solver's time limit on the graph and the rule that set it
 
 
@@ -125,7 +126,7 @@ class _Split:
     names: list[str]
     simulated_peak: int
     seconds: float  # PyTorch's partitioner's wall time on the graph
-    kernels: int = 0  # its modules' kernels (planner.memory.kernel_count)
+    kernels: int = 0  # its modules' kernels (Timeline.kernels)
 
 
 _PYTORCH_SPLITS: dict[tuple[str, bool], _Split] = {}  # (graph fingerprint, fuse) -> PyTorch's split
@@ -435,8 +436,8 @@ def _pytorch_split(joint: JointGraph, problem: Problem, fuse: bool) -> _Split:
         start = time.perf_counter()
         forward, backward, names = _split_of(joint, problem)
         seconds = time.perf_counter() - start
-        found = _Split(names, simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse).peak, seconds,
-                       kernel_count(forward, fuse) + kernel_count(backward, fuse, backward=True))
+        timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse)
+        found = _Split(names, timeline.peak, seconds, timeline.kernels)
         _PYTORCH_SPLITS[key] = found
         _LAST_SPLIT_MODULES.clear()
         _LAST_SPLIT_MODULES[id(joint)] = joint, forward, backward
@@ -458,17 +459,11 @@ def simulated_peak(joint: JointGraph, problem: Problem, saved: tuple[str, ...], 
 
 
 def simulated_timeline(joint: JointGraph, problem: Problem, saved: tuple[str, ...], fuse: bool = True) -> Timeline:
-    """:func:`simulated_peak`'s whole timeline, with what is alive at its peak."""
-    return simulated_plan(joint, problem, saved, fuse)[0]
-
-
-def simulated_plan(joint: JointGraph, problem: Problem, saved: tuple[str, ...], fuse: bool = True) -> tuple[Timeline, int]:
-    """:func:`simulated_timeline`, and the kernels the emitted modules run
-    (:func:`planner.memory.kernel_count`)."""
+    """:func:`simulated_peak`'s whole timeline, with what is alive at its peak and the kernels
+    the modules run."""
     with _torch_compat.lazy_graph_modules():  # walked, never run
         forward, backward = emit(joint.copy(), problem, saved)
-        kernels = kernel_count(forward, fuse) + kernel_count(backward, fuse, backward=True)
-        return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse), kernels
+        return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse)
 
 
 def configured_solver(config: PlannerConfig, problem: Problem, time_limit: float | None = None) -> Solver:

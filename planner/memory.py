@@ -92,6 +92,8 @@ class Timeline:
     saved_at_peak: tuple[str, ...] = field(default=(), compare=False, repr=False)
     # bytes alive once the forward has run and freed what its last ops read
     forward_end: int = 0
+    # kernels the two modules run, counted as kernel_count counts them
+    kernels: int = field(default=0, compare=False)
 
     @property
     def peak(self) -> int:
@@ -470,16 +472,21 @@ def kernel_count(gm: fx.GraphModule, fuse: bool, backward: bool = False) -> int:
     codegen), one per operator."""
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
     with _graphs_unchanged():
-        far = far_epilogues(nodes, fuse) if backward else frozenset()
-        count = 0
-        for node in nodes:
-            if node.op != "call_function" or is_getitem(node) or _shared_input(node) is not None:
-                continue
-            if (isinstance(node.meta.get("val"), torch.Tensor) and (generated(node) or node.target in _INDEXING)
-                    and stored_bytes(node, readers(node), fuse, far) == 0):
-                continue
-            count += 1
-        return count
+        return _kernels(nodes, fuse, far_epilogues(nodes, fuse) if backward else frozenset())
+
+
+def _kernels(nodes: list[fx.Node], fuse: bool, far: Collection[fx.Node]) -> int:
+    """:func:`kernel_count` of ``nodes``, ``far`` their stored far reductions; the simulation's
+    walk counts each module so, with the ``far`` it found."""
+    count = 0
+    for node in nodes:
+        if node.op != "call_function" or is_getitem(node) or _shared_input(node) is not None:
+            continue
+        if (isinstance(node.meta.get("val"), torch.Tensor) and (generated(node) or node.target in _INDEXING)
+                and stored_bytes(node, readers(node), fuse, far) == 0):
+            continue
+        count += 1
+    return count
 
 
 def _extern(node: fx.Node) -> bool:
@@ -602,14 +609,29 @@ def reads_nothing(node: fx.Node) -> bool:
 
 
 def _reads_nothing(node: fx.Node) -> bool:
-    if node.op != "call_function" or not isinstance(node.meta.get("val"), torch.Tensor):
-        return False
-    if node.target in _CONSTANTS:
-        return True
-    computed = fusible(node) or node.target in _LOADS or _shared_input(node) is not None
-    if not computed or _name(node.target) in _RANDOM_PRIMS:
-        return False
-    return all(reads_nothing(i) for i in node.all_input_nodes)
+    # walked with a stack, not recursion: a residual stream is a pointwise chain as deep as the
+    # model (a 96-layer GPT's ran past Python's recursion limit)
+    maps = getattr(_seen, "maps", None)
+    known = maps[4] if maps is not None else {}
+    stack, seen = [node], {node}
+    while stack:
+        n = stack.pop()
+        if n is not node and n in known:
+            if not known[n]:
+                return False
+            continue
+        if n.op != "call_function" or not isinstance(n.meta.get("val"), torch.Tensor):
+            return False
+        if n.target in _CONSTANTS:
+            continue
+        computed = fusible(n) or n.target in _LOADS or _shared_input(n) is not None
+        if not computed or _name(n.target) in _RANDOM_PRIMS:
+            return False
+        for inp in n.all_input_nodes:
+            if inp not in seen:
+                seen.add(inp)
+                stack.append(inp)
+    return True
 
 
 def fused_reduction_reads(writer: fx.Node, depth: int = 12) -> frozenset[fx.Node]:
@@ -812,7 +834,7 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
                            key=lambda item: -item[2]))
     saved_at_peak = tuple(out.name for out, keys in zip(fwd_out[num_fwd_outputs:], saved_keys)
                           if not peak_live.isdisjoint(keys))
-    return Timeline(tuple(walk.steps), at_peak, saved_at_peak, forward_end)
+    return Timeline(tuple(walk.steps), at_peak, saved_at_peak, forward_end, walk.kernels)
 
 
 def _outputs(gm: fx.GraphModule, raw: bool = False) -> list:
@@ -841,12 +863,14 @@ class _Walk:
         self.peak = -1
         self.far: frozenset = frozenset()  # the phase's reductions stored, not fused (far_epilogues)
         self.tangents: set[object] = set()  # storages no kernel writes into (inputs it does not own)
+        self.kernels = 0  # kernels of the modules walked (_kernels)
 
     def run(self, gm: fx.GraphModule, phase: str, keep: list, carried: dict | None = None, held: set = frozenset()):
         carried = carried or {}
         nodes = [n for n in gm.graph.nodes if n.op != "output"]
         self.copies = layout_copies(nodes) if self.fuse and phase == "forward" else {}
         self.far = far_epilogues(nodes, self.fuse) if phase == "backward" else frozenset()
+        self.kernels += _kernels(nodes, self.fuse, self.far)
         keys: dict[fx.Node, tuple] = {}
         made: dict[fx.Node, tuple] = {}
         for node in nodes:

@@ -464,6 +464,29 @@ def test_a_mask_made_from_constants_loads_nothing():
     assert not [line for line in code.splitlines() if "empty_strided_cpu((4, 64, 64)" in line and "float32" in line], code
 
 
+def test_a_chain_deeper_than_pythons_recursion_is_walked():
+    """A residual stream is a pointwise chain as deep as the model: whether it reads nothing is
+    found without recursion, down to a constant or a stored input."""
+    import sys
+
+    import planner.memory as memory
+
+    graph = fx.Graph()
+    stored = graph.placeholder("x")
+    constant = graph.call_function(aten.arange.default, (8,))
+    stored.meta["val"] = constant.meta["val"] = torch.empty(8)
+    tails = []
+    for start in (stored, constant):
+        node = start
+        for _ in range(2 * sys.getrecursionlimit()):
+            node = graph.call_function(aten.add.Tensor, (node, 1.0))
+            node.meta["val"] = torch.empty(8)
+        tails.append(node)
+    assert not memory.reads_nothing(tails[0]) and memory.reads_nothing(tails[1])
+    with memory._graphs_unchanged():  # and memoised inside a walk
+        assert [memory.reads_nothing(t) for t in tails] == [False, True]
+
+
 def test_kernels_are_counted_as_the_values_inductor_stores_before_fusing_them():
     """One kernel per stored value and per library call, before inductor fuses them: here the
     batch sum and the output's cast; the shared value, its row sum (a persistent epilogue), the
@@ -485,6 +508,14 @@ def test_kernels_are_counted_as_the_values_inductor_stores_before_fusing_them():
     torch._dynamo.reset()
     _, (code, *_) = run_and_get_code(torch.compile(_masked_scores, backend="inductor"), *args)
     assert 1 <= code.count("async_compile.cpp_pybinding(") <= 2, code
+
+    # the simulation's walk counts the emitted modules so (what budget 1.0 compares)
+    model, inputs = MODELS["gpt"]()
+    problem = build_problem(planner.capture(model, inputs, codegen="inductor"), get_estimator("flops"), fuse=True)
+    joint = planner.capture(model, inputs, codegen="inductor")
+    forward, backward = emit(joint, problem, [problem.names[i] for i in np.flatnonzero(min_memory_plan(problem).saved)])
+    timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=True)
+    assert timeline.kernels == memory.kernel_count(forward, True) + memory.kernel_count(backward, True, backward=True) > 0
 
 
 class _CrossEntropyHead(torch.nn.Module):
