@@ -10,7 +10,7 @@ import torch.fx as fx
 
 from planner.ops import first_tensor, side_effect
 
-__all__ = ["JointGraph", "copy_module"]
+__all__ = ["JointGraph", "copy_module", "placed_order"]
 
 
 def _device_type(arg):
@@ -49,9 +49,20 @@ def _place_tangent_free(graph: fx.Graph, moved: set[fx.Node]) -> None:
     to just after its inputs, where a forward value is computed: the forward, which runs nodes
     in graph order, would otherwise compute it after the loss and keep its inputs alive through
     the whole forward. Inductor fuses such a pointwise op into its producer's kernel."""
+    previous = None
+    for node in placed_order(list(graph.nodes), moved):
+        if node in moved and previous is not None and previous.next is not node:
+            previous.append(node)
+        previous = node
+
+
+def placed_order(nodes: list[fx.Node], moved: set[fx.Node]) -> list[fx.Node]:
+    """``nodes`` in order, except that each node of ``moved`` (each with inputs) comes just
+    after the last of its inputs among ``nodes``, or first if it reads none of them."""
     if not moved:
-        return
-    waiting = {node: len(set(node.all_input_nodes)) for node in moved}
+        return nodes
+    present = set(nodes)
+    waiting = {node: len({inp for inp in node.all_input_nodes if inp in present}) for node in moved}
     order: list[fx.Node] = []
 
     def place(node: fx.Node) -> None:
@@ -62,14 +73,12 @@ def _place_tangent_free(graph: fx.Graph, moved: set[fx.Node]) -> None:
                 if waiting[user] == 0:
                     place(user)
 
-    for node in list(graph.nodes):
+    for node in [n for n in moved if waiting[n] == 0]:
+        place(node)
+    for node in nodes:
         if node not in moved:
             place(node)
-    previous = None
-    for node in order:
-        if node in moved and previous is not None and previous.next is not node:
-            previous.append(node)
-        previous = node
+    return order
 
 
 def copy_module(module: fx.GraphModule) -> fx.GraphModule:

@@ -933,3 +933,42 @@ def test_the_schedule_writes_no_backward_output_into_a_tangent():
     assert memory_profile(problem, plan).backward.tolist() == simulated
     scaled = 8 * 4 * 4  # kept by the caller; its tangent and the logits' gradient are as large
     assert max(simulated) >= 3 * scaled
+
+
+class _ReluStack(torch.nn.Module):
+    """Three ReLU layers: the backward of each reads its mask, which AOTAutograd traces after the
+    loss and PyTorch's partitioner leaves there."""
+
+    def __init__(self):
+        super().__init__()
+        self.ws = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(64, 64) / 8) for _ in range(3))
+
+    def forward(self, x):
+        for w in self.ws:
+            x = torch.relu(x @ w) * 2.0  # the product reads no ReLU output: its backward reads the mask
+        return x.mean()
+
+
+def test_pytorchs_split_is_walked_with_its_masks_where_inductor_fuses_them():
+    """A mask PyTorch's split computes after the loss reads the pre-activation of its layer;
+    inductor computes it in that layer's kernel, so the walk counts it there, as it counts the
+    planner's own forward, which places it so."""
+    from planner._torch_compat import pytorch_split_modules
+    from planner.graph import copy_module, _place_tangent_free
+
+    joint = planner.capture(_ReluStack(), (torch.randn(512, 64),), codegen="inductor")
+    forward, backward = pytorch_split_modules(joint.given_module(), list(joint.joint_inputs), joint.num_fwd_outputs,
+                                              **joint.partition_kwargs)
+    nodes = list(forward.graph.nodes)
+    masks = [n for n in nodes if n.meta.get("partitioner_tag") == "is_backward" and n.meta["val"].dtype == torch.bool]
+    assert len(masks) == 3 and any(nodes.index(m) > nodes.index(m.all_input_nodes[0]) + 1 for m in masks)
+    placed = copy_module(forward)
+    _place_tangent_free(placed.graph, {n for n in placed.graph.nodes if n.name in {m.name for m in masks}})
+
+    def forward_peak(module, fuse):
+        timeline = simulate(module, backward, joint.num_fwd_outputs, fuse=fuse)
+        return max(total for phase, _, total in timeline.steps if phase == "forward")
+
+    assert forward_peak(forward, True) == forward_peak(placed, True)
+    # run in graph order, as without inductor, the late masks keep the pre-activations alive
+    assert forward_peak(forward, False) > forward_peak(placed, False)
