@@ -215,6 +215,33 @@ def _gptj(size: str):
     return _CausalLM(GPTJForCausalLM(cfg)), _tokens(batch, seq, vocab)
 
 
+def _olmo2(size: str):
+    """Norms after attention and after the MLP (not before), RMS norms on queries and keys."""
+    return _decoder(size, "Olmo2", (6, 1024, 16, 16, 4096, 2048, 4, 8192))
+
+
+def _albert(size: str):
+    """Every layer runs one shared set of weights; embeddings factorised (128 wide)."""
+    from transformers import AlbertConfig, AlbertForMaskedLM
+
+    layers, d, heads, seq, batch, vocab = (6, 768, 12, 512, 16, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = AlbertConfig(num_hidden_layers=layers, hidden_size=d, embedding_size=128, num_attention_heads=heads,
+                       intermediate_size=4 * d, max_position_embeddings=seq, vocab_size=vocab)
+    return _CausalLM(AlbertForMaskedLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _pegasus(size: str):
+    """An encoder-decoder with frozen sinusoidal positions (parameters without gradients) and
+    dropout 0.1; compiled, it breaks into several graphs."""
+    from transformers import PegasusConfig, PegasusForConditionalGeneration
+
+    layers, d, heads, ffn, seq, batch, vocab = (6, 768, 12, 3072, 512, 16, 8192) if size == "bench" else (1, 64, 4, 128, 32, 2, 128)
+    cfg = PegasusConfig(encoder_layers=layers, decoder_layers=layers, d_model=d, encoder_attention_heads=heads,
+                        decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+                        max_position_embeddings=seq, vocab_size=vocab, dropout=0.1, decoder_start_token_id=0)
+    return _CausalLM(PegasusForConditionalGeneration(cfg)), _tokens(batch, seq, vocab)
+
+
 def _timm(arch: str, bench_batch: int, tiny: dict, tiny_arch: str | None = None):
     """``arch`` at the bench size; at the tiny size ``tiny_arch`` (the same family, smaller) or
     ``arch`` itself, built with the ``tiny`` keywords."""
@@ -279,6 +306,15 @@ MODELS: dict[str, ZooModel] = {
                       "Qwen3ForCausalLM, 6 layers, d 1024, 16 heads / 8 kv, ffn 3072, seq 2048, batch 4, vocab 8192"),
     "bloom": ZooModel(_bloom, "transformers", "BloomForCausalLM, 6 layers, d 1024, 16 heads, seq 1024, batch 8, vocab 8192"),
     "gptj": ZooModel(_gptj, "transformers", "GPTJForCausalLM, 6 layers, d 1024, 16 heads, seq 1024, batch 8, vocab 8192"),
+    # a fifth round, measured before any change for them
+    "olmo2": ZooModel(_olmo2, "transformers",
+                      "Olmo2ForCausalLM, 6 layers, d 1024, 16 heads, ffn 4096, seq 2048, batch 4, vocab 8192"),
+    "albert": ZooModel(_albert, "transformers", "AlbertForMaskedLM, 6 layers sharing their weights, d 768, seq 512, "
+                       "batch 16, vocab 8192"),
+    "pegasus": ZooModel(_pegasus, "transformers", "PegasusForConditionalGeneration, 6+6 layers, d 768, ffn 3072, "
+                        "seq 512, batch 16, vocab 8192, dropout 0.1"),
+    # timm's MetaFormer builds take no depths or widths beside its own: the tiny build is s12 at 32 pixels
+    "poolformer": ZooModel(_timm("poolformer_s12", 64, {}), "timm", "poolformer_s12, batch 64"),
 }
 
 
