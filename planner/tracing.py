@@ -1,6 +1,8 @@
 """Capture a model's joint forward+backward graph through torch.compile and AOTAutograd."""
 from __future__ import annotations
 
+import re
+
 from typing import Any, Callable, Sequence
 
 import torch
@@ -148,4 +150,21 @@ def _capture_error(err: Exception) -> CaptureError:
             "remove the unsupported Python construct from forward (prints, .item(), .tolist(), "
             "calls into non-torch libraries), or use planner.backend(), which plans each graph separately"
         )
+    if isinstance(err, dynamo_exc.TorchRuntimeError):
+        return CaptureError(
+            f"torch.compile could not run the model on fake tensors ({_fake_run_cause(text) or first}); dynamo "
+            "traces so before any backend runs, so torch.compile fails on this model and these inputs whatever "
+            "its backend: make `torch.compile(model, backend=\"eager\")` run on them first (an op whose shapes "
+            "differ when traced, or a model the transformers or timm version does not compile)"
+        )
     return CaptureError(f"the model could not be traced by torch.compile: {type(err).__name__}: {first}")
+
+
+def _fake_run_cause(text: str) -> str | None:
+    """The error an op raised when dynamo ran it on fake tensors, from dynamo's message (which
+    opens with a line naming only dynamo's own error): its ``got Error('...')`` part, or None."""
+    found = re.search(r"got (\w+(?:Error|Exception)\(.*?\))(?:\n|$)", text)
+    if found is None:
+        return None
+    cause = found.group(1)
+    return cause if len(cause) <= 400 else cause[:400] + "..."

@@ -85,3 +85,20 @@ def test_model_without_gradients_is_a_capture_error():
 def test_example_inputs_of_the_wrong_type():
     with pytest.raises(CaptureError, match="example_inputs must be a tensor or a tuple"):
         planner.capture(nn.Linear(4, 4), {"x": torch.randn(2, 4)})
+
+
+class BadShapes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return (self.lin(x) + torch.ones(3)).sum()  # 4 features against 3
+
+
+def test_an_op_that_fails_on_fake_tensors_is_a_capture_error_naming_the_ops_error():
+    """dynamo runs the model on fake tensors before any backend; the error then names what the
+    op raised, which dynamo's own first line does not."""
+    with pytest.raises(CaptureError, match=r"could not run the model on fake tensors \(RuntimeError\('Attempting to "
+                                           r"broadcast a dimension of length 3.*backend=\"eager\""):
+        planner.capture(BadShapes(), (torch.randn(2, 4),))
