@@ -154,8 +154,7 @@ def _capture_error(err: Exception) -> CaptureError:
         return CaptureError(
             f"torch.compile could not run the model on fake tensors ({_fake_run_cause(text) or first}); dynamo "
             "traces so before any backend runs, so torch.compile fails on this model and these inputs whatever "
-            "its backend: make `torch.compile(model, backend=\"eager\")` run on them first (an op whose shapes "
-            "differ when traced, or a model the transformers or timm version does not compile)"
+            "its backend: make `torch.compile(model, backend=\"eager\")` run on these inputs first"
         )
     return CaptureError(f"the model could not be traced by torch.compile: {type(err).__name__}: {first}")
 
