@@ -73,11 +73,9 @@ def placed_order(nodes: list[fx.Node], moved: set[fx.Node]) -> list[fx.Node]:
                 if waiting[user] == 0:
                     place(user)
 
-    for node in [n for n in moved if waiting[n] == 0]:
+    free = [node for node in nodes if node in moved and waiting[node] == 0]  # in order, not a set's
+    for node in [*free, *(node for node in nodes if node not in moved)]:
         place(node)
-    for node in nodes:
-        if node not in moved:
-            place(node)
     return order
 
 
