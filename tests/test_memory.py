@@ -532,9 +532,9 @@ def test_a_gradient_is_not_written_into_logits_a_looped_reduction_reads(gpu, voc
     """With the logits saved, the cross entropy's backward recomputes their row max and sum and
     writes the logits' gradient (their size) in the kernel that reads them last. On a GPU, rows
     longer than ``PERSISTENT_RNUMEL`` are reduced in loops that read the logits again, and
-    inductor writes the gradient into a new buffer beside them (GPT-NeoX on an H200: 128 MiB
-    over the model); shorter rows are read once and the gradient written into them, as inductor's
-    CPU code does for any row. The schedule counts both alive at that step either way (at or
+    the model counts the gradient in a new buffer beside them (GPT-NeoX on an H200: 128 MiB
+    over the model; inductor does not always keep to it, see ``fused_reduction_reads``); shorter
+    rows are read once and the gradient written into them, as inductor's CPU code does for any row. The schedule counts both alive at that step either way (at or
     above the simulation)."""
     import planner.memory as memory
 
