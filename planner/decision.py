@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import numbers
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+import numpy as np
+import torch
 
 __all__ = ["Decision", "Status"]
 
@@ -62,7 +66,15 @@ class Decision:
         return self.recompute_seconds + self.save_seconds
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"saved": list(self.saved), "offloaded": list(self.offloaded)}
+        """The decision as JSON-ready data: containers as dicts and lists, numbers (NumPy's and
+        symbolic sizes too) as Python's.
+
+        Raises
+        ------
+        TypeError
+            If a field or stat holds anything else, naming where it is and its type.
+        """
+        return {f.name: _plain(getattr(self, f.name), f.name) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Decision":
@@ -70,3 +82,23 @@ class Decision:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as JSON-ready data (see :meth:`Decision.to_dict`); ``where`` names it in errors."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, np.generic):
+        value = value.item()
+        if isinstance(value, bool):
+            return value
+    if isinstance(value, (numbers.Integral, torch.SymInt)):
+        return int(value)
+    if isinstance(value, (numbers.Real, torch.SymFloat)):
+        return float(value)
+    raise TypeError(f"decision field {where} holds a {type(value).__module__}.{type(value).__qualname__}, "
+                    f"which a plan file or the decision cache cannot keep (numbers, strings, lists and dicts only)")

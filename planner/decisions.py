@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import asdict, replace
 from functools import lru_cache
 from pathlib import Path
@@ -85,7 +86,12 @@ def reuse_or_solve(key: str, solve: Callable[[], Decision], check: Callable[[Dec
             return _reused(decision, "disk")
     decision = solve()
     _kept[key] = decision
-    write_json(path, decision.to_dict())
+    try:
+        record = decision.to_dict()
+    except TypeError as err:  # kept in memory all the same; the step goes on
+        warnings.warn(f"the decision was not written to the disk cache: {err}", stacklevel=2)
+    else:
+        write_json(path, record)
     return decision
 
 

@@ -128,9 +128,9 @@ def decide_on_rank0(decide: Callable[[], Decision], check: Callable[[Decision], 
     """
     decided: list[Decision] = []
 
-    def on_rank0() -> dict:
+    def on_rank0() -> dict | None:
         decided.append(decide())
-        return decided[0].to_dict()
+        return decided[0].to_dict() if world()[1] > 1 else None  # plain data, sent to the other ranks
 
     sent = from_rank0(on_rank0)
     if decided:

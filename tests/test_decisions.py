@@ -54,3 +54,33 @@ def test_a_damaged_cache_file_is_solved_again(cache):
     path.write_text(json.dumps(record))  # names a node this graph lacks
     again = plan()
     assert "reused" not in again.decision.stats and again.saved == first.saved
+
+
+def test_a_decision_is_written_as_plain_data_or_the_error_names_what_is_not():
+    import numpy as np
+    from planner.decision import Decision
+
+    decision = Decision(saved=("a",), solver="greedy", budget_bytes=np.int64(10), memory_bytes=4, peak_bytes=8,
+                        recompute_seconds=np.float32(0.5), status="heuristic", gap=None, solve_seconds=0.1,
+                        stats={"blocks": {"start": np.int64(3), "sizes": (1, 2)}, "proven": np.bool_(True)})
+    record = decision.to_dict()
+    assert json.loads(json.dumps(record)) == record
+    assert record["budget_bytes"] == 10 and type(record["budget_bytes"]) is int
+    assert record["stats"] == {"blocks": {"start": 3, "sizes": [1, 2]}, "proven": True}
+    assert Decision.from_dict(record).saved == ("a",)
+    odd = Decision(**{**vars(decision), "stats": {"fast_end": {"compared": {"split": object()}}}})
+    with pytest.raises(TypeError, match=r"stats\.fast_end\.compared\.split holds a builtins\.object"):
+        odd.to_dict()
+
+
+def test_a_decision_the_cache_cannot_keep_is_used_and_said(cache, monkeypatch):
+    from planner.decision import Decision
+
+    def unwritable(self):
+        raise TypeError("decision field stats.x holds a builtins.object")
+
+    monkeypatch.setattr(Decision, "to_dict", unwritable)
+    with pytest.warns(UserWarning, match="not written to the disk cache: decision field stats.x"):
+        first = plan()
+    assert first.saved and not list(cache.glob("*.json"))
+    assert plan().decision.stats["reused"] == "memory"
