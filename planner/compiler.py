@@ -1089,12 +1089,15 @@ def compile(model: nn.Module, config: PlannerConfig | None = None, **overrides: 
 
     The model is compiled behind a frame of its own (:func:`planner.frames.own_frame`), so its
     graphs depend on no earlier compile in the process, however many instances of its class were
-    compiled before. ``planner_backend`` on the returned module is the backend, whose ``graphs``
+    compiled before, and with static shapes (``dynamic=False``): a plan is made for sizes it can
+    count in bytes, and an input of a new shape compiles and plans again. Left to dynamo, a size
+    seen to change, in this compile or an earlier one of the same library code (the frames a graph
+    break resumes in are shared), turns symbolic. ``planner_backend`` on the returned module is the backend, whose ``graphs``
     and ``timelines`` describe each planned graph once the first call has compiled them.
     """
     planned = backend(config, **overrides)
     planned.whole_model = True
-    compiled = _past_compile_limits(torch.compile(own_frame(model), backend=planned))
+    compiled = _past_compile_limits(torch.compile(own_frame(model), backend=planned, dynamic=False))
     compiled.planner_backend = planned
     return compiled
 
@@ -1143,5 +1146,5 @@ def compile_blocks(blocks: nn.Module, config: PlannerConfig | None = None, **ove
     named = list(blocks.named_children())
     own_forward([block for _, block in named])
     for name, block in named:
-        setattr(blocks, name, _past_compile_limits(torch.compile(block, backend=planned)))
+        setattr(blocks, name, _past_compile_limits(torch.compile(block, backend=planned, dynamic=False)))
     return planned

@@ -518,3 +518,27 @@ def test_a_whole_model_whose_break_resumes_in_every_layer_is_planned_for_its_run
         assert max(part.repeats for part in backend._parts.values()) == max(backend.runs.values())
     else:
         assert said and "outside the memory budget" in str(said[0].message)
+
+
+def test_compile_plans_each_input_shape_with_static_sizes(monkeypatch):
+    """Inputs of a new size compile and plan again with that size, not with symbolic sizes
+    (dynamo's default once it sees a size change: GPT-2 from transformers, whose graph break
+    resumes in library frames), which a plan cannot count in bytes."""
+    seen = []
+    call = planner.PlannerBackend.__call__
+
+    def record(self, gm, example_inputs):
+        values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        seen.append([isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(
+            isinstance(size, torch.SymInt) for size in v.shape)) for v in values])
+        return call(self, gm, example_inputs)
+
+    monkeypatch.setattr(planner.PlannerBackend, "__call__", record)
+    pytest.importorskip("transformers")
+    from bench.zoo_models import build
+
+    model, (ids, labels) = build("gpt2", "tiny")
+    compiled = planner.compile(model, memory_budget=0.5, **EAGER)
+    for seq in (32, 24):
+        compiled(ids[:, :seq], labels[:, :seq]).backward()
+    assert seen and not any(any(symbolic) for symbolic in seen)
