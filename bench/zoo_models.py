@@ -242,6 +242,42 @@ def _pegasus(size: str):
     return _CausalLM(PegasusForConditionalGeneration(cfg)), _tokens(batch, seq, vocab)
 
 
+class _Speech(nn.Module):
+    """A transformers speech model as ``(input_features, labels) -> loss``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_features=features, labels=labels, use_cache=False).loss
+
+
+def _whisper(size: str):
+    """A speech encoder-decoder: two convolutions over mel frames, then transformer layers."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    layers, d, heads, ffn, frames, seq, batch, vocab = ((4, 512, 8, 2048, 3000, 448, 8, 8192) if size == "bench"
+                                                        else (1, 64, 4, 128, 64, 16, 2, 128))
+    cfg = WhisperConfig(encoder_layers=layers, decoder_layers=layers, d_model=d, encoder_attention_heads=heads,
+                        decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, num_mel_bins=80,
+                        max_source_positions=frames // 2, max_target_positions=seq, vocab_size=vocab,
+                        decoder_start_token_id=1, pad_token_id=0)
+    return _Speech(WhisperForConditionalGeneration(cfg)), (torch.randn(batch, 80, frames), torch.randint(2, vocab, (batch, seq)))
+
+
+def _gptneo(size: str):
+    """Global and local (windowed) attention in alternate layers, eager, in float32."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    layers, d, heads, seq, batch, vocab, window = ((6, 1024, 16, 2048, 4, 8192, 256) if size == "bench"
+                                                   else (2, 64, 4, 32, 2, 128, 8))
+    cfg = GPTNeoConfig(num_layers=layers, hidden_size=d, num_heads=heads, max_position_embeddings=seq, vocab_size=vocab,
+                       attention_types=[[["global", "local"], layers // 2]], window_size=window, bos_token_id=0,
+                       eos_token_id=0)
+    return _CausalLM(GPTNeoForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
 def _timm(arch: str, bench_batch: int, tiny: dict, tiny_arch: str | None = None):
     """``arch`` at the bench size; at the tiny size ``tiny_arch`` (the same family, smaller) or
     ``arch`` itself, built with the ``tiny`` keywords."""
@@ -315,6 +351,19 @@ MODELS: dict[str, ZooModel] = {
                         "seq 512, batch 16, vocab 8192, dropout 0.1"),
     # timm's MetaFormer builds take no depths or widths beside its own: the tiny build is s12 at 32 pixels
     "poolformer": ZooModel(_timm("poolformer_s12", 64, {}), "timm", "poolformer_s12, batch 64"),
+    # a sixth round, measured before any change for them
+    "whisper": ZooModel(_whisper, "transformers", "WhisperForConditionalGeneration, 4+4 layers, d 512, 3000 mel frames, "
+                        "448 tokens, batch 8, vocab 8192"),
+    "gptneo": ZooModel(_gptneo, "transformers", "GPTNeoForCausalLM, 6 layers, d 1024, global and local (256) attention, "
+                       "seq 2048, batch 4, vocab 8192"),
+    "nfnet": ZooModel(_timm("eca_nfnet_l0", 32, {}), "timm", "eca_nfnet_l0 (scaled weight standardisation), batch 32"),
+    "levit": ZooModel(_timm("levit_128", 128, {"img_size": 32}), "timm", "levit_128, batch 128"),
+    "hrnet": ZooModel(_timm("hrnet_w18_small", 32, {}), "timm", "hrnet_w18_small, batch 32"),
+    "eva02": ZooModel(_timm("eva02_tiny_patch14_224", 64, {"img_size": 32, "patch_size": 8, "depth": 2}), "timm",
+                      "eva02_tiny_patch14_224 (rotary positions, SwiGLU), batch 64"),
+    "fastvit": ZooModel(_timm("fastvit_t8", 64, {}), "timm", "fastvit_t8, batch 64"),
+    "cait": ZooModel(_timm("cait_xxs24_224", 64, {"img_size": 32, "patch_size": 8, "depth": 2}), "timm",
+                     "cait_xxs24_224 (class attention, layer scale), batch 64"),
 }
 
 
