@@ -242,12 +242,8 @@ def _pegasus(size: str):
     return _CausalLM(PegasusForConditionalGeneration(cfg)), _tokens(batch, seq, vocab)
 
 
-class _Speech(nn.Module):
+class _Speech(_CausalLM):
     """A transformers speech model as ``(input_features, labels) -> loss``."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.model(input_features=features, labels=labels, use_cache=False).loss
