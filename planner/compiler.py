@@ -1092,8 +1092,9 @@ def compile(model: nn.Module, config: PlannerConfig | None = None, **overrides: 
     compiled before, and with static shapes (``dynamic=False``): a plan is made for sizes it can
     count in bytes, and an input of a new shape compiles and plans again. Left to dynamo, a size
     seen to change, in this compile or an earlier one of the same library code (the frames a graph
-    break resumes in are shared), turns symbolic. ``planner_backend`` on the returned module is the backend, whose ``graphs``
-    and ``timelines`` describe each planned graph once the first call has compiled them.
+    break resumes in are shared), turns symbolic. ``planner_backend`` on the returned module is
+    the backend, whose ``graphs`` and ``timelines`` describe each planned graph once the first
+    call has compiled them.
     """
     planned = backend(config, **overrides)
     planned.whole_model = True

@@ -638,17 +638,17 @@ def fused_reduction_reads(writer: fx.Node, depth: int = 12) -> frozenset[fx.Node
     """On a GPU, the storages (their :func:`storage_root`) of ``writer``'s size that reductions
     inductor fuses into the kernel computing ``writer`` read: reductions its expression reaches
     through generated ops, over as many elements as ``writer`` has (rows it reads back in the
-    same kernel, as a softmax, a cross entropy or a layer norm backward does). Inductor writes
-    a kernel's output in place into an input only where no other node of the kernel reads that
-    input at another index, and a reduction's rows are another index: on an H200 (torch 2.11) a
-    cross entropy's backward, recomputing the row max and sum of the saved logits, wrote the
-    logits' gradient into a new buffer beside them, where the memory model had it written into
-    them (GPT-NeoX at budget 0: 128 MiB, measured 328.0 MiB against 298.7 predicted), and
-    GPT-Neo's plans (H200, PyTorch 2.11, eager attention over rows of 2048) are predicted within
-    2% with the rule and 6-23% under without it. It is not the whole of inductor's rule: the same
-    torch wrote in place in kernels of this kind elsewhere (PyTorch's own split of GPT-Neo, its
-    softmax and softmax gradient; a cross entropy whose row max and sum a checkpoint recomputes),
-    where this model counts a new buffer.
+    same kernel, as a softmax, a cross entropy or a layer norm backward does). The memory model
+    counts no kernel writing its output in place into them. Inductor writes in place into an
+    input that no other node of the kernel still has to read (its ``decide_inplace_update``), and
+    when a looped reduction's input is one of those is not modelled more finely than this: on an
+    H200 (torch 2.11) a cross entropy's backward, recomputing the row max and sum of the saved
+    logits, wrote the logits' gradient into a new buffer beside them (GPT-NeoX at budget 0:
+    128 MiB, measured 328.0 MiB against 298.7 predicted without the rule), and GPT-Neo's plans
+    (eager attention over rows of 2048) are predicted within 2% with the rule and 6-23% under
+    without it. But the same torch wrote in place in kernels of this kind elsewhere (PyTorch's own
+    split of GPT-Neo, its softmax and softmax gradient; a cross entropy whose row max and sum a
+    checkpoint recomputes), where this model counts a new buffer (``docs/inplace-gptneo-h200.md``).
 
     Only a reduction over rows longer than :data:`PERSISTENT_RNUMEL` counts: inductor loops over
     such a row and reads it again after the reduction, where it reads a shorter row once, for the
