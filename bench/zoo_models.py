@@ -259,7 +259,8 @@ def _whisper(size: str):
                         decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, num_mel_bins=80,
                         max_source_positions=frames // 2, max_target_positions=seq, vocab_size=vocab,
                         decoder_start_token_id=1, pad_token_id=0)
-    return _Speech(WhisperForConditionalGeneration(cfg)), (torch.randn(batch, 80, frames), torch.randint(2, vocab, (batch, seq)))
+    features, labels = torch.randn(batch, 80, frames), torch.randint(2, vocab, (batch, seq))
+    return _Speech(WhisperForConditionalGeneration(cfg)), (features, labels)
 
 
 def _gptneo(size: str):

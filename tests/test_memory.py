@@ -534,8 +534,8 @@ def test_a_gradient_is_not_written_into_logits_a_looped_reduction_reads(gpu, voc
     longer than ``PERSISTENT_RNUMEL`` are reduced in loops that read the logits again, and
     the model counts the gradient in a new buffer beside them (GPT-NeoX on an H200: 128 MiB
     over the model; inductor does not always keep to it, see ``fused_reduction_reads``); shorter
-    rows are read once and the gradient written into them, as inductor's CPU code does for any row. The schedule counts both alive at that step either way (at or
-    above the simulation)."""
+    rows are read once and the gradient written into them, as inductor's CPU code does for any
+    row. The schedule counts both alive at that step either way (at or above the simulation)."""
     import planner.memory as memory
 
     if gpu:  # "cpu" stands in for a GPU
