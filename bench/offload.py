@@ -14,7 +14,13 @@ fails says why in its row. Peak activation memory and step time as ``bench/zoo.p
 them, timed again interleaved at the end; the predicted peak (the schedule's, with the
 transfers) and the simulated one beside the measured.
 
+Beside those, per budget, ``offload="auto"`` with the exact solver (``cpsat``), which chooses per
+value whether to save, recompute or offload it (:mod:`solvers.offload`); and the same at absolute
+budgets below the least peak without offloading (``--below``, fractions of it), where a budget
+no plan meets is reported as such.
+
     python -m bench.offload [--model gpt|llama] [--layers N] [--batch B] [--budgets 1.0 0.5 0.0] [--rounds 3]
+        [--no-greedy] [--below 0.9 0.75 0.6 0.5] [--time-limit S]
 """
 from __future__ import annotations
 
@@ -50,6 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--min-mib", type=float, default=1.0, help="offload no value smaller than this")
+    parser.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True,
+                        help="also each budget's plan with the greedy offloads (planner.offload.offloaded_decision)")
+    parser.add_argument("--below", type=float, nargs="*", default=[0.9, 0.75, 0.6, 0.5],
+                        help="absolute budgets for offload='auto', as fractions of the least peak without offloading")
+    parser.add_argument("--time-limit", type=float, default=None, help="the exact solver's, for offload='auto' plans")
     parser.add_argument("--out", type=Path, default=RESULTS / "offload.json")
     args = parser.parse_args(argv)
 
@@ -87,20 +98,46 @@ def main(argv: list[str] | None = None) -> None:
         save_rows(args.out, device, torch.__version__, rows)
         print(_line(row), flush=True)
 
+    def exact(budget, label) -> None:
+        """offload='auto' at ``budget``: the exact solver weighs save, recompute and offload."""
+        settings = dict(offload="auto", offload_bandwidth=bandwidth, offload_min_bytes=int(args.min_mib * 2**20))
+        if args.time_limit is not None:
+            settings["time_limit"] = args.time_limit
+        try:
+            plan = planner.plan(base, batch, planner.PlannerConfig(memory_budget=budget, **settings))
+        except planner.InfeasibleBudget as err:
+            print(f"| offload auto | {label} | infeasible: {err} |", flush=True)
+            failed.append({"method": "planner, offload auto", "budget": label, "failed": str(err)})
+            return
+        note = plan.decision.stats["offload"]
+        record({"method": f"planner, offload auto ({plan.decision.solver})", "budget": label,
+                "offloaded": note["offloaded"], "offloaded_bytes": note["offloaded_bytes"],
+                "predicted_peak_bytes": plan.decision.peak_bytes, "status": note["status"], "gap": note["gap"],
+                "plan_seconds": plan.graph_plan.plan_seconds, "estimated_seconds": note["seconds_with_offload"],
+                "estimated_seconds_without_offload": note["seconds_without_offload"]}, plan.graph_plan, plan.config)
+
+    failed, floor = [], None
     print(_HEADER, flush=True)
     for budget in args.budgets:
         plan = planner.plan(base, batch, planner.PlannerConfig(memory_budget=budget))
         problem, decision = plan.graph_plan.problem, plan.decision
         record({"method": "planner", "budget": budget, "offloaded": 0, "offloaded_bytes": 0,
                 "predicted_peak_bytes": decision.peak_bytes}, plan.graph_plan, plan.config)
-        start = time.perf_counter()
-        offloaded = offloaded_decision(joint, problem, decision, runtime, 0, bandwidth, int(args.min_mib * 2**20))
-        seconds = time.perf_counter() - start
-        note = offloaded.stats["offload"]
-        record({"method": "planner + offload", "budget": budget, "offloaded": note["offloaded"],
-                "offloaded_bytes": note["offloaded_bytes"], "predicted_peak_bytes": offloaded.peak_bytes,
-                "choose_seconds": seconds}, dataclasses.replace(plan.graph_plan, decision=offloaded), plan.config)
-    failed = []
+        if budget == 0.0:
+            floor = decision.peak_bytes
+        if args.greedy:
+            start = time.perf_counter()
+            offloaded = offloaded_decision(joint, problem, decision, runtime, 0, bandwidth, int(args.min_mib * 2**20))
+            seconds = time.perf_counter() - start
+            note = offloaded.stats["offload"]
+            record({"method": "planner + offload", "budget": budget, "offloaded": note["offloaded"],
+                    "offloaded_bytes": note["offloaded_bytes"], "predicted_peak_bytes": offloaded.peak_bytes,
+                    "choose_seconds": seconds}, dataclasses.replace(plan.graph_plan, decision=offloaded), plan.config)
+        exact(budget, budget)
+    if floor is None and args.below:
+        floor = planner.plan(base, batch, planner.PlannerConfig(memory_budget=0.0)).decision.peak_bytes
+    for fraction in args.below:
+        exact(int(fraction * floor), f"{fraction:g} x least ({fraction * floor / GIB:.3f} GiB)")
     for name in args.anchors:
         model = copy.deepcopy(base)
         row = {"method": name, "budget": "-", "offloaded": "-", "offloaded_bytes": 0, "predicted_peak_bytes": 0,

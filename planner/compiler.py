@@ -26,7 +26,7 @@ from planner.decision import Decision, Status
 from planner.decisions import decision_key, reuse_or_solve
 from planner.distributed import agree_on_graph, decide_on_rank0, world
 from planner.emit import Transfer, emit
-from planner.errors import PlanFileError
+from planner.errors import InfeasibleBudget, PlanFileError
 from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph, copy_module
 from planner.memory import Timeline, simulate
@@ -34,6 +34,7 @@ from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_na
 from solvers import get_solver
 from solvers.base import Solver, relative_gap
 from solvers.frugal import min_peak_plan
+from solvers.offload import solve_offloading
 from solvers.reference import reference_plan
 
 __all__ = ["backend", "compile", "compile_blocks", "named_backend", "named_plans", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
@@ -81,9 +82,15 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None, theirs.get(PYTORCH_PEAK))
         if budget.nbytes is not None:
             nbytes = max(0, nbytes - held_bytes)
-        decision = solver.solve(problem, nbytes, frugal=least.plan if least else None,
-                                frugal_proven=bool(least and least.optimal),
-                                starts={"pytorch split": split} if split is not None else None)
+        settings = dict(frugal=least.plan if least else None, frugal_proven=bool(least and least.optimal),
+                        starts={"pytorch split": split} if split is not None else None)
+        try:
+            decision = solver.solve(problem, nbytes, **settings)
+        except InfeasibleBudget as below:
+            if not offload_goes_lower(joint, config, solver):
+                raise
+            # offloading may reach below the least peak without it: start from that plan
+            decision = replace(solver.solve(problem, below.min_feasible_bytes, **settings), budget_bytes=nbytes)
         if budget.fraction == 0.0:
             decision = least_peak_polish(joint, problem, decision, fuse)
         if budget.fraction == 1.0 and split is not None:
@@ -387,6 +394,8 @@ def auto_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, sol
                                                                      "is the host's"})
     estimator.prepare([n for n in joint.graph.nodes if n.op == "call_function"])  # the backward's ops too
     runtime = offload.op_seconds(estimator, fuse=config.codegen == "inductor")
+    if solver.offload_backend(time.monotonic()) is not None:
+        return exact_offload(joint, problem, config, solver, runtime, link, decision)
     budget = decision.budget_bytes
     fast = runtime_optimal_plan(problem)
     if fast.peak_bytes > budget and fast.seconds < decision.seconds:
@@ -394,11 +403,62 @@ def auto_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, sol
                                            link, config.offload_min_bytes, config.offload_host_bytes)
         if moved.peak_bytes <= budget and moved.seconds < decision.seconds:
             note = {**moved.stats["offload"], "plan": "the fastest plan, offloaded under the budget",
-                    "seconds_without_offload": decision.seconds}
+                    "seconds_without_offload": decision.seconds, "method": GREEDY_OFFLOADS.format(solver.name)}
             return replace(moved, budget_bytes=budget, stats={**moved.stats, "offload": note})
     kept = offload.offloaded_decision(joint, problem, decision, runtime, 0, link, config.offload_min_bytes,
                                       config.offload_host_bytes)
-    return replace(kept, stats={**kept.stats, "offload": {**kept.stats["offload"], "plan": "the budget's plan"}})
+    return replace(kept, stats={**kept.stats, "offload": {**kept.stats["offload"], "plan": "the budget's plan",
+                                                          "method": GREEDY_OFFLOADS.format(solver.name)}})
+
+
+GREEDY_OFFLOADS = ("greedy offloads after the {} plan (planner.offload.choose_offloads): the solver does not weigh "
+                   "offloading")
+
+
+def offload_goes_lower(joint: JointGraph, config: PlannerConfig, solver: Solver) -> bool:
+    """Whether a budget below the least peak without offloading may still be met: ``offload
+    = "auto"``, a solver that weighs offloading, and a host to offload to."""
+    return (config.offload == "auto" and solver.offload_backend(time.monotonic()) is not None
+            and offload.host_link(joint, config.offload_bandwidth) is not None)
+
+
+def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, solver: Solver,
+                  runtime: Callable[[fx.Node], float], link: float, decision: Decision) -> Decision:
+    """The fastest plan within the decision's budget that saves, recomputes or offloads each
+    value, by the exact solver's own back end (:func:`solvers.offload.solve_offloading`),
+    started from ``decision`` (which may be over the budget, where offloading is to reach
+    below the least peak without it). Its copies run in the windows the program priced
+    (:func:`planner.offload.offload_windows`); ``stats["offload"]`` says what was offloaded,
+    the program's status and gap, and the plan's seconds with and without offloading."""
+    began = time.perf_counter()
+    windows = offload.offload_windows(joint, problem, runtime, link, config.offload_min_bytes,
+                                      config.offload_op_seconds)
+    start = evaluate_names(problem, decision.saved)
+    deadline = time.monotonic() + solver.time_limit
+    found = solve_offloading(problem, decision.budget_bytes, windows, start, deadline, solver.offload_backend(deadline),
+                             config.offload_host_bytes)
+    if found.plan.peak_bytes > decision.budget_bytes:
+        verdict = ("proved that no plan within it exists" if found.status == "infeasible"
+                   else f"found no plan within it in {solver.time_limit:g} s")
+        raise InfeasibleBudget(decision.budget_bytes, start.peak_bytes, proven=False,
+                               note=f"with offloading, {solver.name} {verdict}, {len(windows)} values that may be "
+                                    "offloaded, in the windows of planner.offload.offload_windows")
+    names = problem.names
+    offloaded = tuple(names[int(windows.nodes[k])] for k in np.flatnonzero(found.offloaded))
+    note = {"method": f"{solver.name}: save, recompute or offload per value (solvers.offload)",
+            "plan": "the budget's plan with offloading weighed", "offloaded": len(offloaded),
+            "offloaded_bytes": int(problem.nbytes[windows.nodes[found.offloaded]].sum()),
+            "peak_bytes_on_device_alone": start.peak_bytes, "bytes_per_second": link,
+            "host_bytes_limit": config.offload_host_bytes, "status": found.status, "gap": found.gap,
+            "seconds_with_offload": found.seconds, "seconds_without_offload": start.seconds,
+            "op_seconds": windows.op_seconds, "solve_seconds": time.perf_counter() - began,
+            **{f"program_{k}": v for k, v in found.stats.items()}}
+    plan = found.plan
+    return replace(decision, saved=tuple(names[i] for i in np.flatnonzero(plan.saved)), offloaded=offloaded,
+                   transfers=offload.windows_decision(problem, windows, found.offloaded), peak_bytes=plan.peak_bytes,
+                   memory_bytes=plan.memory_bytes, recompute_seconds=plan.recompute_seconds,
+                   save_seconds=plan.save_seconds, status=found.status, gap=found.gap,
+                   stats={**decision.stats, "offload": note})
 
 
 def pytorch_split(joint: JointGraph, problem: Problem, fuse: bool = True) -> tuple[Evaluation | None, dict[str, Any]]:

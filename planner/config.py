@@ -73,14 +73,20 @@ class PlannerConfig:
         (:func:`planner.compiler.compiles_as_pytorch`), so budget 1.0's step is torch.compile's
         wherever the split is taken. ``"model"``: the planner's fast end alone.
     offload : ``"off"`` (default): saved values stay in device memory. ``"auto"``: on a CUDA
-        device, saved values may also be offloaded to host memory (:mod:`planner.offload`):
-        the plan of the budget is compared with the plan of the fast end whose offloads bring
-        its peak under the budget, and the one of fewer estimated seconds is kept; either way
-        the kept plan's saved values are offloaded where the link hides the copies and the peak
-        falls. On a CPU nothing is offloaded (``Decision.stats["offload"]`` says so).
+        device, saved values may also be offloaded to host memory (:mod:`planner.offload`).
+        The exact solvers (``cpsat``, ``ilp``) choose per value whether to save, recompute or
+        offload it, the link's time a resource of the program (:mod:`solvers.offload`), and
+        an absolute budget may then lie below the least peak without offloading. The other
+        solvers do not weigh offloading: the plan of the budget is compared with the plan of
+        the fast end whose greedy offloads bring its peak under the budget, and the one of
+        fewer estimated seconds is kept, offloaded where the link hides the copies and the peak
+        falls. On a CPU nothing is offloaded (``Decision.stats["offload"]`` says so, and which
+        method chose).
     offload_bandwidth : bytes per second of one direction of the host link; ``None`` measures
         pinned copies on the device once per process.
     offload_min_bytes : the smallest value worth offloading (default 1 MiB).
+    offload_op_seconds : seconds one offloaded value adds to the step beside its copies (the
+        host's work on its transfer ops), which the exact solvers weigh (default 20e-6).
     offload_host_bytes : the most host memory the step's offloaded values may hold (an int of
         bytes or a size such as ``"32GiB"``); ``None`` (default): no bound. Every offloaded
         value is in host memory at the end of the forward (its copy to host is done by then,
@@ -105,6 +111,7 @@ class PlannerConfig:
     offload: str = "off"
     offload_bandwidth: float | None = None
     offload_min_bytes: int = 1 << 20
+    offload_op_seconds: float = 20e-6
     offload_host_bytes: int | str | None = None
 
     def inductor_settings(self) -> dict[str, Any]:
@@ -139,6 +146,10 @@ class PlannerConfig:
         if isinstance(self.offload_min_bytes, bool) or not isinstance(self.offload_min_bytes, int) \
                 or self.offload_min_bytes < 0:
             raise ConfigError(f"offload_min_bytes={self.offload_min_bytes!r} is invalid; give a non-negative int of bytes")
+        if isinstance(self.offload_op_seconds, bool) or not isinstance(self.offload_op_seconds, (int, float)) \
+                or not self.offload_op_seconds >= 0:
+            raise ConfigError(f"offload_op_seconds={self.offload_op_seconds!r} is invalid; give a non-negative number "
+                              "of seconds")
         object.__setattr__(self, "offload_host_bytes", _host_bytes(self.offload_host_bytes))
         if self.time_limit != "auto" and (isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float))
                                           or not self.time_limit > 0):

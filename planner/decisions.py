@@ -52,6 +52,11 @@ def decision_key(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, 
         parts["beside_backward"] = beside_backward
     if joint.released:
         parts["released"] = list(joint.released)
+    if config.offload == "auto":  # the host link's measured speed decides what is offloaded (two digits)
+        from planner.offload import host_link
+
+        link = host_link(joint, config.offload_bandwidth)
+        parts["host_link"] = None if link is None else float(f"{link:.2g}")
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 

@@ -37,7 +37,7 @@ class InfeasibleBudget(PlannerError):
         only an exact solver searches below.
     """
 
-    def __init__(self, budget_bytes: int, min_feasible_bytes: int, proven: bool = True):
+    def __init__(self, budget_bytes: int, min_feasible_bytes: int, proven: bool = True, note: str = ""):
         self.budget_bytes = int(budget_bytes)
         self.min_feasible_bytes = int(min_feasible_bytes)
         self.proven = proven
@@ -49,6 +49,7 @@ class InfeasibleBudget(PlannerError):
             f"memory budget of {format_bytes(budget_bytes)} for peak activation memory is below {smallest} "
             f"{format_bytes(min_feasible_bytes)} ({self.min_feasible_bytes} bytes); raise memory_budget to at "
             f"least {self.min_feasible_bytes} bytes, or use the fraction 0.0 for the most memory-frugal plan{hint}"
+            + (f" ({note})" if note else "")
         )
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable, Iterable
 
+import numpy as np
 import torch
 import torch.fx as fx
 
@@ -31,8 +32,9 @@ from planner.emit import Transfer
 from planner.graph import JointGraph
 from planner.ops import storage_bytes
 from planner.problem import Problem, evaluate_names, memory_profile, offloads_of
+from planner.schedule import OffloadWindows
 
-__all__ = ["Placement", "place_transfers", "choose_offloads", "op_seconds", "offloaded_decision", "host_link",
+__all__ = ["Placement", "place_transfers", "offload_windows", "windows_decision", "LINK_SEGMENTS", "LINK_SHARE", "choose_offloads", "op_seconds", "offloaded_decision", "host_link",
            "measure_link", "LINK_BYTES_PER_SECOND"]
 
 # one direction of the host link: about what pinned copies reach over PCIe 5 x16 (bytes/s)
@@ -99,6 +101,115 @@ def place_transfers(joint: JointGraph, problem: Problem, offloaded: Iterable[str
     late = max(0.0, link_out - forward_end)
     early = max(0.0, -link) if reloads else 0.0
     return Placement({v.name: Transfer(waits[v].name, reloads.get(v)) for v in values}, late + early)
+
+
+# The exact programs' windows (offload_windows): each direction of the step cut into this many
+# spans of equal estimated time, a copy given until the end of the span after its own
+LINK_SEGMENTS = 24
+LINK_SHARE = 0.8  # of a window's estimated seconds, what its copies may take of the link
+
+
+def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.Node], float],
+                    bytes_per_second: float = LINK_BYTES_PER_SECOND, min_bytes: int = 1 << 20,
+                    op_seconds: float = 0.0, segments: int = LINK_SEGMENTS, share: float = LINK_SHARE) -> OffloadWindows:
+    """Fixed windows for every value that may be offloaded, so that the exact programs choose
+    offloads with the memory and the link priced exactly (:class:`~planner.schedule.OffloadWindows`).
+
+    The forward's and the backward's estimated seconds (``runtime(node)`` per op, as for
+    :func:`place_transfers`) are each cut into ``segments`` spans of equal time. A value made
+    in forward span k is copied to host by the end of span k + 1 (the forward's end at the
+    latest), where the forward waits for it; a value whose first backward reader is in
+    backward span j is copied back from the start of span j - 1 (the backward's start at the
+    earliest). The first reader is the first direct one (for a value only recomputed copies
+    read, the earliest step one of them could be made under any plan); a recomputed copy that
+    could read the value before its copy back is under way is a conflict: a plan offloads the
+    value or recomputes that reader, not both (``conflicts``). Each direction carries its copies in order; for every run of spans
+    i..j, the copies of the values of those spans must fit in ``share`` of the seconds between
+    the latest start and the earliest end any of them is allowed: then, copied in order, each
+    ends in its window (the rows are sufficient, not necessary). Candidates: saved values that
+    :func:`planner.emit.offloadable` allows, of at least ``min_bytes``, read by the backward and
+    not kept by the caller; none where the graph runs several times before its backward.
+    """
+    from planner.emit import offloadable
+
+    s = problem.schedule
+    n = len(problem)
+    by_name = {node.name: node for node in joint.graph.nodes}
+    graph_order = {node: i for i, node in enumerate(joint.graph.nodes)}
+    forward_end = np.cumsum([runtime(by_name[name]) for name in problem.names]) if n else np.zeros(0)
+    steps = [by_name.get(name) for name in s.step_names]  # None: a step of the rest of the training step
+    step_start = np.concatenate(([0.0], np.cumsum([runtime(node) if node is not None else 0.0 for node in steps])))
+    first = _first_possible_read(problem)
+    empty = OffloadWindows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                           np.zeros(0), (), op_seconds, ())
+    if n == 0 or not steps or s.repeats > 1:
+        return empty
+    f_total, b_total = float(forward_end[-1]), float(step_start[-1])
+    f_bounds = np.linspace(0.0, f_total, segments + 1)
+    b_bounds = np.linspace(0.0, b_total, segments + 1)
+    nodes, freed, back, seconds, out_span, in_span, conflicts = [], [], [], [], [], [], []
+    for i in range(n):
+        node = by_name[problem.names[i]]
+        if not (s.owner[i] == i and problem.saveable[i] and not s.held[i] and first[i] < s.num_steps
+                and problem.nbytes[i] >= max(min_bytes, 1) and offloadable(node, min_bytes)):
+            continue
+        read = int(s.first_read[i]) if s.first_read[i] < s.num_steps else int(first[i])
+        k = _span(f_bounds, forward_end[i])
+        deadline = f_bounds[min(k + 2, segments)]
+        wait = max(int(np.searchsorted(forward_end, deadline - 1e-15 * max(f_total, 1.0))), int(s.fwd_last[i]), i)
+        wait = min(wait, n - 1)
+        j = _span(b_bounds, step_start[read])
+        issue = b_bounds[max(j - 1, 0)]
+        allowed = [t for t in range(read + 1)
+                   if steps[t] is not None and graph_order[steps[t]] > graph_order[by_name[problem.names[wait]]]]
+        if not allowed:
+            continue  # the joint graph puts every possible reader before the wait
+        later = [t for t in allowed if step_start[t] >= issue - 1e-15 * max(b_total, 1.0)]
+        conflicts += [(len(nodes), int(w)) for w in problem.consumers[i]
+                      if problem.recomputable[w] and first[w] < (later[0] if later else allowed[-1])]
+        nodes.append(i)
+        freed.append(wait)
+        back.append(later[0] if later else allowed[-1])
+        seconds.append(_seconds(int(problem.nbytes[i]), bytes_per_second))
+        out_span.append(k)
+        in_span.append(j)
+    if not nodes:
+        return empty
+    out_span, in_span, seconds = np.array(out_span), np.array(in_span), np.array(seconds)
+    rows = []
+    for spans, start_of, end_of in ((out_span, lambda i: f_bounds[i + 1], lambda j: f_bounds[min(j + 2, segments)]),
+                                    (in_span, lambda i: b_bounds[max(i - 1, 0)], lambda j: b_bounds[j])):
+        for i in np.unique(spans):
+            for j in np.unique(spans[spans >= i]):
+                members = np.flatnonzero((spans >= i) & (spans <= j))
+                rows.append((members, share * max(0.0, float(end_of(j) - start_of(i)))))
+    return OffloadWindows(np.array(nodes, dtype=np.int64), np.array(freed, dtype=np.int64),
+                          np.array(back, dtype=np.int64), seconds, tuple(rows), op_seconds, tuple(conflicts))
+
+
+def _span(bounds: np.ndarray, t: float) -> int:
+    """The span of ``bounds`` holding instant ``t`` (the last span for the end)."""
+    return int(min(max(np.searchsorted(bounds, t, side="right") - 1, 0), len(bounds) - 2))
+
+
+def _first_possible_read(problem: Problem) -> np.ndarray:
+    """Per node, the earliest backward step that can read it under any plan: its first direct
+    reader, or the earliest step at which a recomputed copy reading it could be made."""
+    s = problem.schedule
+    first = s.first_read.astype(np.int64).copy()
+    cons = problem.consumers
+    for e in range(len(problem) - 1, -1, -1):
+        for w in cons[e]:
+            if problem.recomputable[w]:
+                first[e] = min(first[e], first[w], first[int(s.made_with[w])])
+    return first
+
+
+def windows_decision(problem: Problem, windows: OffloadWindows, chosen: np.ndarray) -> dict[str, list]:
+    """The chosen candidates' copies as :attr:`planner.decision.Decision.transfers`."""
+    names, steps = problem.names, problem.schedule.step_names
+    return {names[int(windows.nodes[k])]: [names[int(windows.freed_after[k])], steps[int(windows.back_from[k])]]
+            for k in np.flatnonzero(chosen)}
 
 
 def op_seconds(estimator, fuse: bool) -> Callable[[fx.Node], float]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["Schedule", "Profile", "Offloads", "profile", "consumers", "with_rest_of_step", "with_backward_beside"]
+__all__ = ["Schedule", "Profile", "Offloads", "OffloadWindows", "profile", "consumers", "with_rest_of_step", "with_backward_beside"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,6 +264,46 @@ class Offloads:
     def at_readers(cls, mask: np.ndarray) -> "Offloads":
         none = np.full(len(mask), -1, dtype=np.int64)
         return cls(np.asarray(mask, dtype=bool), none, none.copy())
+
+
+@dataclass(frozen=True, eq=False)
+class OffloadWindows:
+    """Where each value that may be offloaded would have its copies, fixed before a plan is
+    chosen, so that offloading is a third choice of the exact programs (:mod:`solvers.offload`).
+
+    Per candidate ``k``: its node ``nodes[k]``, the forward node after which the forward waits
+    for its copy to host (``freed_after[k]``, not before its last forward reader), the backward
+    step from which its copy back is under way (``back_from[k]``, at or before the first step
+    that can read it under any plan), and ``seconds[k]``, one copy's time on the link.
+    ``link_rows`` keep each direction of the link within its time: per row, the candidates
+    whose copies must all run within ``capacity`` seconds (a copy to host starts no sooner than
+    its value is made and ends by its wait; a copy back starts no sooner than its step and
+    ends by its first reader). ``op_seconds`` is what offloading one value adds to the step
+    beside its copies (the host's work on the transfer ops). ``conflicts`` are pairs
+    ``(k, w)``: node w, if recomputed, could read candidate k's value before its copy back is
+    under way, so a plan does not both offload k and recompute w.
+    """
+
+    nodes: np.ndarray
+    freed_after: np.ndarray
+    back_from: np.ndarray
+    seconds: np.ndarray
+    link_rows: tuple[tuple[np.ndarray, float], ...] = ()
+    op_seconds: float = 0.0
+    conflicts: tuple[tuple[int, int], ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def offloads(self, n: int, chosen: np.ndarray) -> Offloads:
+        """The :class:`Offloads` of the candidates in ``chosen`` (a mask over candidates) in a
+        problem of ``n`` nodes."""
+        picked = self.nodes[np.asarray(chosen, dtype=bool)]
+        result = Offloads.at_readers(np.isin(np.arange(n), picked))
+        where = np.asarray(chosen, dtype=bool)
+        result.freed_after[self.nodes[where]] = self.freed_after[where]
+        result.back_from[self.nodes[where]] = self.back_from[where]
+        return result
 
 
 def _made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:

@@ -28,11 +28,13 @@ CUTOFF_SLACK = 1e-9  # the cutoff row admits the starting plan itself, whatever 
 @dataclass
 class Answer:
     """A back end's answer: the solution vector (None if none found), whether it is proven
-    optimal, and the objective no solution of the program beats (None if none proven)."""
+    optimal, the objective no solution of the program beats (None if none proven), and
+    whether the program was proven to have no solution."""
 
     x: np.ndarray | None
     optimal: bool
     bound: float | None = None
+    infeasible: bool = False
 
 
 def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline: float, run,
@@ -100,7 +102,7 @@ def solve_highs(model: GraphModel, objective: np.ndarray, deadline: float, gap: 
     if not model.integral.any() and result.status == 0:
         bound = float(result.fun)  # a linear program: its optimum
     if result.x is None:
-        return Answer(None, False, bound)
+        return Answer(None, False, bound, infeasible=result.status == 2)
     x = np.where(model.integral, np.round(result.x), result.x)
     return Answer(x, result.status == 0, bound)
 

@@ -119,6 +119,12 @@ class Solver(ABC):
             save_seconds=result.save_seconds,
         )
 
+    def offload_backend(self, deadline: float):
+        """How the solver solves one program of the offload model (:mod:`solvers.offload`):
+        ``run(model, objective, vector)`` returning a :class:`solvers.backends.Answer` by
+        ``deadline``, or None for a solver that does not weigh offloading."""
+        return None
+
     @abstractmethod
     def _solve(
         self, problem: Problem, budget_bytes: int, frugal: Evaluation, fast: Evaluation, deadline: float,

@@ -55,14 +55,20 @@ class CPSATSolver(Solver):
         solution.stats["workers"] = self.workers
         return solution
 
+    def offload_backend(self, deadline: float):
+        return lambda model, objective, vector: run_cpsat(model, objective, vector, deadline, self.workers,
+                                                          may_be_infeasible=True)
+
 
 def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint: np.ndarray, deadline: float, workers: int,
-              peak: Limit | None = None) -> Answer:
+              peak: Limit | None = None, may_be_infeasible: bool = False) -> Answer:
     """Solve one graph model with CP-SAT, hinted with a plan's vector on the model
     (:meth:`GraphModel.vector`).
 
     With ``peak`` (a limit with a column), that column becomes a whole number of bytes and is
-    the objective; otherwise ``objective`` is scaled to integers.
+    the objective; otherwise ``objective`` is scaled to integers. A program proven infeasible
+    is a bug in the model unless ``may_be_infeasible`` (a budget no plan the caller knows
+    meets): then the answer says so.
     """
     built = _to_cp_model(model, peak, deadline)
     if built is None or time.monotonic() > deadline:
@@ -84,6 +90,8 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint: np.ndarray,
     solver.parameters.relative_gap_limit = 0.0
     status = solver.Solve(cp)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status == cp_model.INFEASIBLE and may_be_infeasible:
+            return Answer(None, False, infeasible=True)
         if status == cp_model.INFEASIBLE:
             raise SolverError("cpsat proved the memory rows infeasible; this is a bug in the model, please report it")
         return Answer(None, False)

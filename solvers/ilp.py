@@ -64,6 +64,10 @@ class ILPSolver(Solver):
         solution.stats["backend"] = self.backend
         return solution
 
+    def offload_backend(self, deadline: float):
+        backend = BACKENDS[self.backend]
+        return lambda model, objective, vector: backend(model, objective, deadline)
+
 
 HEURISTIC_SECONDS = 0.5
 ROUNDING_SHARE = 0.25

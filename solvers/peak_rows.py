@@ -15,6 +15,9 @@ same sense; a library kernel's scratch counts at the step its copy is made
 readers' copies count too; a multi-output op's outputs are made with it; a step whose kernel
 may write its output into a value it reads last subtracts that output's bytes, through a
 variable at most 1 when such a value ends there. Forward rows need only the saved variables.
+With offloading (:mod:`solvers.offload`), a saved value chosen to be offloaded is off the device
+after its forward wait and before its copy back: there its term is ``saved - offloaded``, or,
+where only recomputed copies keep it alive, a variable at least ``alive - offloaded``.
 
 :func:`solve_within_peak` adds rows lazily: solve with rows at a few steps, measure the plan
 at every step, add the steps over the limit, solve again. A row is exact at its step, so no
@@ -30,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from planner.problem import Evaluation, Problem, memory_profile
+from planner.schedule import Offloads
 from solvers.graph_model import GraphModel, RowBuilder
 
 __all__ = ["PeakRows", "Limit", "Round", "Steps", "solve_within_peak", "memory_unit"]
@@ -48,7 +52,7 @@ def memory_unit(problem: Problem) -> float:
 class PeakRows:
     """Builds memory rows over the variables of a :class:`GraphModel` of ``problem``."""
 
-    def __init__(self, problem: Problem, base: GraphModel) -> None:
+    def __init__(self, problem: Problem, base: GraphModel, offload=None) -> None:
         s = problem.schedule
         n = len(problem)
         self.problem, self.base, self.schedule = problem, base, s
@@ -81,6 +85,14 @@ class PeakRows:
         if s.repeats > 1:
             kept = np.flatnonzero(self.own & (self.svar >= 0) & (problem.nbytes > 0))
             self.every_step += [(int(self.svar[e]), float((s.repeats - 1) * problem.nbytes[e])) for e in kept]
+        # offload variables (windows, columns): a chosen value is off the device after its
+        # forward wait and before its copy back starts (solvers.offload)
+        self.offload = None
+        if offload is not None:
+            windows, cols = offload
+            self.offload = (windows.freed_after, windows.back_from, [int(c) for c in cols],
+                            problem.nbytes[windows.nodes].astype(float))
+            self.away_until = {int(v): (int(b), int(c)) for v, b, c in zip(windows.nodes, windows.back_from, cols)}
 
     def add(self, build: RowBuilder, forward_steps, backward_steps, limit: "Limit") -> None:
         """Rows ``memory(step) <= limit`` at the given forward and backward steps."""
@@ -102,6 +114,9 @@ class PeakRows:
             coef = float(nbytes[e]) - (float(s.transient[e]) if live else 0.0)
             if self.svar[e] >= 0 and coef:
                 terms.append((int(self.svar[e]), coef))
+        if self.offload is not None:
+            freed, _, cols, size = self.offload
+            terms += [(cols[k], -size[k]) for k in np.flatnonzero(freed < f)]
         return const, terms
 
     def _made(self, build: RowBuilder, tau: int, cache: dict) -> dict[int, int]:
@@ -141,17 +156,25 @@ class PeakRows:
             e = int(e)
             # copies of readers of e that read it at t or later: each keeps e alive at t
             later = [c for w in self.cons[e] for c in self._reads_at(t, int(w), made_before, reading)]
+            back, off = self.away_until.get(e, (-1, -1)) if self.offload is not None else (-1, -1)
             for present, size in ((self.svar[e], nbytes[e]), (made_now.get(e, -1), s.copy_bytes[e])):
                 if present < 0 or not size:
                     continue
+                away = present == self.svar[e] and t < back  # saved, and offloaded: off the device at t
                 if s.last_read[e] >= t:
                     terms.append((int(present), float(size)))
+                    if away:  # offloaded <= saved
+                        terms.append((off, -float(size)))
                 elif later:
                     (alive,) = build.add_vars(1, integral=False)
                     for conj in later:  # alive >= present AND every factor of conj
                         factors = [[(int(present), 1.0)], *conj]
                         build.add_row([alive] + [c for f in factors for c, _ in f],
                                       [1.0] + [-v for f in factors for _, v in f], 1.0 - len(factors), np.inf)
+                    if away:  # on the device: alive AND NOT offloaded, at least alive - offloaded
+                        (here,) = build.add_vars(1, integral=False)
+                        build.add_row([here, alive, off], [1.0, -1.0, 1.0], 0.0, np.inf)
+                        alive = here
                     terms.append((int(alive), float(size)))
         for e in self.scratchy:  # a library kernel's scratch while its copy is made: made[e,t] - made[e,t-1]
             if e in made_now:
@@ -227,11 +250,13 @@ class Limit:
 
 @dataclass
 class Round:
-    """One solve of the lazy loop: the plan found (None if none) and the back end's verdict."""
+    """One solve of the lazy loop: the plan found (None if none), the back end's verdict, and
+    the values the plan offloads (None: none)."""
 
     plan: Evaluation | None
     x: np.ndarray | None
     optimal: bool
+    offloads: Offloads | None = None
 
 
 @dataclass
@@ -254,6 +279,7 @@ def solve_within_peak(
     limit_bytes: float = 0.0,
     peak_span: float | None = None,
     steps: Steps | None = None,
+    offload=None,
 ) -> tuple[Round, dict]:
     """Solve with memory rows added lazily until no step of the plan exceeds the limit.
 
@@ -262,8 +288,10 @@ def solve_within_peak(
     gets the model and the limit, and returns a :class:`Round`. Returns the last round and
     loop statistics. At the deadline, if the last round's plan exceeds a fixed limit, the
     fastest plan of an earlier round that fitted it is returned instead (not optimal, no gap).
+    ``offload``: the offload variables, ``(windows, columns)`` (:mod:`solvers.offload`), whose
+    plans ``solve`` gives with their offloads.
     """
-    rows = PeakRows(problem, base)
+    rows = PeakRows(problem, base, offload)
     unit = memory_unit(problem)
     if peak_span is None:
         limit = Limit(limit_bytes, unit)
@@ -283,14 +311,14 @@ def solve_within_peak(
         if result.plan is None:
             return result, stats
         allowed = limit.value(result.x)
-        prof = memory_profile(problem, result.plan)
+        prof = memory_profile(problem, result.plan, result.offloads)
         new_f = _over(prof.forward, allowed, forward_steps)
         new_b = _over(prof.backward, allowed, backward_steps)
         if not (new_f or new_b):
             return result, stats
         if peak_span is None and result.plan.peak_bytes <= allowed and (
                 fitting is None or result.plan.seconds < fitting.plan.seconds):
-            fitting = Round(result.plan, result.x, False)
+            fitting = Round(result.plan, result.x, False, result.offloads)
         if time.monotonic() > deadline:
             if peak_span is None and result.plan.peak_bytes > allowed and fitting is not None:
                 stats["answer"] = f"round {rounds} exceeded the budget at the time limit; an earlier round's plan fitted"

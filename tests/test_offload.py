@@ -226,14 +226,15 @@ def test_offload_auto_on_a_cpu_offloads_nothing_and_says_why():
 
 
 def test_offload_auto_trades_recomputation_for_copies_the_link_hides(monkeypatch):
-    """With a link that hides every copy (the CPU standing in for a GPU's host), ``auto`` keeps
-    the fastest plan with offloads under the budget where the budget's own plan recomputes."""
+    """With a link that hides every copy (the CPU standing in for a GPU's host), ``auto`` with a
+    solver that does not weigh offloading keeps the fastest plan with greedy offloads under the
+    budget where the budget's own plan recomputes."""
     from planner import offload
 
     monkeypatch.setattr(offload, "host_link", lambda joint, given: 1e18)
     # a budget the fastest plan's offloads reach on every supported torch (the greedy reaches
     # 0.4 on 2.13 and 0.3 on 2.15, where the test GPT's graph differs)
-    settings = dict(memory_budget=0.5, codegen="eager", time_limit=5, offload_min_bytes=0)
+    settings = dict(memory_budget=0.5, codegen="eager", time_limit=5, offload_min_bytes=0, solver="greedy")
     model, inputs = MODELS["gpt"]()
     plain = planner.plan(model, inputs, planner.PlannerConfig(**settings)).decision
     auto = planner.plan(model, inputs, planner.PlannerConfig(offload="auto", **settings))
@@ -266,3 +267,59 @@ def test_the_host_bound_reads_sizes_and_a_plan_file_records_it_only_where_set():
     on = planner.PlannerConfig(offload="auto", offload_host_bytes="1GiB")
     assert plan_settings(on)["offload_host_bytes"] == 1 << 30
     assert "offload_host_bytes" not in plan_settings(planner.PlannerConfig(offload="auto"))
+
+
+def _exact_offloading(monkeypatch, name, link=1e18, plain=True, **settings):
+    """The same plan of ``name`` without offloading (None unless ``plain``) and with it, the
+    CPU standing in for a GPU whose host link carries ``link`` bytes per second."""
+    from planner import offload
+
+    monkeypatch.setattr(offload, "host_link", lambda joint, given: link)
+    settings = {"codegen": "eager", "time_limit": 10, "offload_min_bytes": 0, "offload_op_seconds": 0.0, **settings}
+    model, inputs = MODELS[name]()
+    kept = planner.plan(model, inputs, planner.PlannerConfig(**settings)).decision if plain else None
+    return kept, planner.plan(model, inputs, planner.PlannerConfig(offload="auto", **settings))
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "ilp"])
+def test_the_exact_solvers_weigh_offloading_and_their_plans_train_like_eager(monkeypatch, solver):
+    plain, auto = _exact_offloading(monkeypatch, "gpt", memory_budget=0.5, solver=solver)
+    decision, note = auto.decision, auto.decision.stats["offload"]
+    assert note["method"].startswith(f"{solver}: save, recompute or offload") and note["status"] == "optimal"
+    assert decision.offloaded and note["offloaded"] == len(decision.offloaded)
+    assert decision.peak_bytes <= decision.budget_bytes == plain.budget_bytes
+    # with copies the link hides and cost nothing, saving beats recomputing: the plan recomputes less
+    assert note["seconds_with_offload"] == decision.seconds < plain.seconds == note["seconds_without_offload"]
+    problem = auto.graph_plan.problem
+    assert decision.peak_bytes == evaluate_names(problem, decision.saved, decision.offloaded,
+                                                 decision.transfers).peak_bytes
+    # the copies are where the program priced them: the emitted modules peak where it said
+    model, inputs = MODELS["gpt"]()
+    joint = planner.capture(model, inputs, codegen="eager")
+    transfers = {name: Transfer(*decision.transfers[name]) for name in decision.offloaded}
+    forward, backward = emit(joint, problem, decision.saved, transfers)
+    assert simulate(forward, backward, joint.num_fwd_outputs).peak <= decision.peak_bytes
+    assert_same_step(MODELS["gpt"], lambda twin, inputs: torch.compile(
+        own_frame(twin), backend=PlannerBackend(auto.config, fixed=auto.graph_plan), fullgraph=True, dynamic=False))
+
+
+def test_a_link_too_slow_for_the_step_offloads_nothing(monkeypatch):
+    plain, auto = _exact_offloading(monkeypatch, "gpt", link=1e3, memory_budget=0.5)
+    note = auto.decision.stats["offload"]
+    assert auto.decision.offloaded == () and note["status"] == "optimal" and note["program_candidates"] > 0
+    assert auto.decision.saved == plain.saved
+
+
+def test_offloading_meets_a_budget_below_the_least_peak_without_it(monkeypatch):
+    plain, frugal = _exact_offloading(monkeypatch, "cnn", memory_budget=0.0)
+    assert frugal.decision.offloaded and frugal.decision.peak_bytes < plain.peak_bytes
+    below = frugal.decision.peak_bytes  # an absolute budget under the least peak without offloading
+    _, met = _exact_offloading(monkeypatch, "cnn", plain=False, memory_budget=below)
+    assert met.decision.peak_bytes <= below < plain.peak_bytes and met.decision.offloaded
+    with pytest.raises(planner.InfeasibleBudget, match="with offloading, cpsat proved that no plan within it exists"):
+        _exact_offloading(monkeypatch, "cnn", plain=False, memory_budget=below // 2)
+
+
+def test_solvers_that_do_not_weigh_offloading_say_so(monkeypatch):
+    _, auto = _exact_offloading(monkeypatch, "gpt", memory_budget=0.5, solver="greedy")
+    assert "the solver does not weigh offloading" in auto.decision.stats["offload"]["method"]
