@@ -34,7 +34,7 @@ from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_na
 from solvers import get_solver
 from solvers.base import Solver, relative_gap
 from solvers.frugal import min_peak_plan
-from solvers.offload import solve_offloading
+from solvers.offload import least_peak_offloading, solve_offloading
 from solvers.reference import reference_plan
 
 __all__ = ["backend", "compile", "compile_blocks", "named_backend", "named_plans", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
@@ -427,17 +427,25 @@ def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, so
     """The fastest plan within the decision's budget that saves, recomputes or offloads each
     value, by the exact solver's own back end (:func:`solvers.offload.solve_offloading`),
     started from ``decision`` (which may be over the budget, where offloading is to reach
-    below the least peak without it). Its copies run in the windows the program priced
+    below the least peak without it). At budget 0.0, the least peak with offloading first
+    (:func:`solvers.offload.least_peak_offloading`), then the fastest plan at that peak, each
+    within the solver's time limit. Its copies run in the windows the program priced
     (:func:`planner.offload.offload_windows`); ``stats["offload"]`` says what was offloaded,
     the program's status and gap, and the plan's seconds with and without offloading."""
     began = time.perf_counter()
-    windows = offload.offload_windows(joint, problem, runtime, link, config.offload_min_bytes,
-                                      config.offload_op_seconds)
     start = evaluate_names(problem, decision.saved)
+    windows = offload.offload_windows(joint, problem, runtime, link, config.offload_min_bytes,
+                                      config.offload_op_seconds, guide=start.recomputed)
+    budget, least = decision.budget_bytes, None
+    if config.budget.fraction == 0.0:  # the most frugal plan: the least peak with offloading, then the fastest there
+        least = least_peak_offloading(problem, windows, start, time.monotonic() + solver.time_limit,
+                                      config.offload_host_bytes)
+        budget = min(budget, least.plan.peak_bytes)
     deadline = time.monotonic() + solver.time_limit
-    found = solve_offloading(problem, decision.budget_bytes, windows, start, deadline, solver.offload_backend(deadline),
-                             config.offload_host_bytes)
-    if found.plan.peak_bytes > decision.budget_bytes:
+    found = solve_offloading(problem, budget, windows, start if least is None else least.plan, deadline,
+                             solver.offload_backend(deadline), config.offload_host_bytes,
+                             None if least is None else least.offloaded)
+    if found.plan.peak_bytes > budget:
         verdict = ("proved that no plan within it exists" if found.status == "infeasible"
                    else f"found no plan within it in {solver.time_limit:g} s")
         raise InfeasibleBudget(decision.budget_bytes, start.peak_bytes, proven=False,
@@ -452,9 +460,12 @@ def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, so
             "host_bytes_limit": config.offload_host_bytes, "status": found.status, "gap": found.gap,
             "seconds_with_offload": found.seconds, "seconds_without_offload": start.seconds,
             "op_seconds": windows.op_seconds, "solve_seconds": time.perf_counter() - began,
+            **({} if least is None else {"least_peak": {"peak_bytes": least.plan.peak_bytes, "status": least.status,
+                                                        "rounds": least.stats.get("rounds")}}),
             **{f"program_{k}": v for k, v in found.stats.items()}}
     plan = found.plan
-    return replace(decision, saved=tuple(names[i] for i in np.flatnonzero(plan.saved)), offloaded=offloaded,
+    return replace(decision, budget_bytes=budget, saved=tuple(names[i] for i in np.flatnonzero(plan.saved)),
+                   offloaded=offloaded,
                    transfers=offload.windows_decision(problem, windows, found.offloaded), peak_bytes=plan.peak_bytes,
                    memory_bytes=plan.memory_bytes, recompute_seconds=plan.recompute_seconds,
                    save_seconds=plan.save_seconds, status=found.status, gap=found.gap,

@@ -32,7 +32,7 @@ from planner.emit import Transfer
 from planner.graph import JointGraph
 from planner.ops import storage_bytes
 from planner.problem import Problem, evaluate_names, memory_profile, offloads_of
-from planner.schedule import OffloadWindows
+from planner.schedule import OffloadWindows, made_at
 
 __all__ = ["Placement", "place_transfers", "offload_windows", "windows_decision", "LINK_SEGMENTS", "LINK_SHARE", "choose_offloads", "op_seconds", "offloaded_decision", "host_link",
            "measure_link", "LINK_BYTES_PER_SECOND"]
@@ -111,7 +111,8 @@ LINK_SHARE = 0.8  # of a window's estimated seconds, what its copies may take of
 
 def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.Node], float],
                     bytes_per_second: float = LINK_BYTES_PER_SECOND, min_bytes: int = 1 << 20,
-                    op_seconds: float = 0.0, segments: int = LINK_SEGMENTS, share: float = LINK_SHARE) -> OffloadWindows:
+                    op_seconds: float = 0.0, segments: int = LINK_SEGMENTS, share: float = LINK_SHARE,
+                    guide: np.ndarray | None = None) -> OffloadWindows:
     """Fixed windows for every value that may be offloaded, so that the exact programs choose
     offloads with the memory and the link priced exactly (:class:`~planner.schedule.OffloadWindows`).
 
@@ -120,10 +121,13 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
     in forward span k is copied to host by the end of span k + 1 (the forward's end at the
     latest), where the forward waits for it; a value whose first backward reader is in
     backward span j is copied back from the start of span j - 1 (the backward's start at the
-    earliest). The first reader is the first direct one (for a value only recomputed copies
-    read, the earliest step one of them could be made under any plan); a recomputed copy that
-    could read the value before its copy back is under way is a conflict: a plan offloads the
-    value or recomputes that reader, not both (``conflicts``). Each direction carries its copies in order; for every run of spans
+    earliest). When a value is first read depends on the plan (a recomputed copy reads it when
+    made): the windows follow the plan ``guide`` recomputes (a node mask; the first direct
+    reader where None or where the guide does not save the value; for a value only recomputed
+    copies read, the earliest step one of them could be made under any plan). A plan whose
+    recomputed copy would read the value before its copy back is under way cannot offload it:
+    ``conflicts`` name those readers, and the programs forbid the pair exactly (a copy made by
+    the step before the copy back). Each direction carries its copies in order; for every run of spans
     i..j, the copies of the values of those spans must fit in ``share`` of the seconds between
     the latest start and the earliest end any of them is allowed: then, copied in order, each
     ends in its window (the rows are sufficient, not necessary). Candidates: saved values that
@@ -140,6 +144,7 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
     steps = [by_name.get(name) for name in s.step_names]  # None: a step of the rest of the training step
     step_start = np.concatenate(([0.0], np.cumsum([runtime(node) if node is not None else 0.0 for node in steps])))
     first = _first_possible_read(problem)
+    guided = {} if guide is None else made_at(s, problem.consumers, np.asarray(guide, dtype=bool) & s.owns)
     empty = OffloadWindows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
                            np.zeros(0), (), op_seconds, ())
     if n == 0 or not steps or s.repeats > 1:
@@ -154,6 +159,7 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
                 and problem.nbytes[i] >= max(min_bytes, 1) and offloadable(node, min_bytes)):
             continue
         read = int(s.first_read[i]) if s.first_read[i] < s.num_steps else int(first[i])
+        read = min([read] + [guided[w] for w in problem.consumers[i] if w in guided])
         k = _span(f_bounds, forward_end[i])
         deadline = f_bounds[min(k + 2, segments)]
         wait = max(int(np.searchsorted(forward_end, deadline - 1e-15 * max(f_total, 1.0))), int(s.fwd_last[i]), i)
@@ -165,8 +171,9 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
         if not allowed:
             continue  # the joint graph puts every possible reader before the wait
         later = [t for t in allowed if step_start[t] >= issue - 1e-15 * max(b_total, 1.0)]
-        conflicts += [(len(nodes), int(w)) for w in problem.consumers[i]
-                      if problem.recomputable[w] and first[w] < (later[0] if later else allowed[-1])]
+        reload = later[0] if later else allowed[-1]
+        conflicts += [(len(nodes), int(w), reload - 1) for w in problem.consumers[i]
+                      if problem.recomputable[w] and first[w] < reload]
         nodes.append(i)
         freed.append(wait)
         back.append(later[0] if later else allowed[-1])

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["Schedule", "Profile", "Offloads", "OffloadWindows", "profile", "consumers", "with_rest_of_step", "with_backward_beside"]
+__all__ = ["Schedule", "Profile", "Offloads", "OffloadWindows", "made_at", "profile", "consumers", "with_rest_of_step", "with_backward_beside"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,7 +195,7 @@ def profile(
     n, steps = len(s.owner), s.num_steps
     cons = consumers(inputs, s.owner) if cons is None else cons
     own = s.owns
-    made = _made_at(s, cons, recomputed & own)
+    made = made_at(s, cons, recomputed & own)
     until = _read_until(s, cons, recomputed & own, made)
     fwd = np.zeros(n + 1, dtype=np.int64)
     kept = np.flatnonzero(own & saved)
@@ -279,9 +279,9 @@ class OffloadWindows:
     whose copies must all run within ``capacity`` seconds (a copy to host starts no sooner than
     its value is made and ends by its wait; a copy back starts no sooner than its step and
     ends by its first reader). ``op_seconds`` is what offloading one value adds to the step
-    beside its copies (the host's work on the transfer ops). ``conflicts`` are pairs
-    ``(k, w)``: node w, if recomputed, could read candidate k's value before its copy back is
-    under way, so a plan does not both offload k and recompute w.
+    beside its copies (the host's work on the transfer ops). ``conflicts`` are triples
+    ``(k, w, t)``: a recomputed copy of node w reads candidate k's value when it is made, so a
+    plan that offloads k does not make that copy by step t (the step before k's copy back).
     """
 
     nodes: np.ndarray
@@ -290,7 +290,7 @@ class OffloadWindows:
     seconds: np.ndarray
     link_rows: tuple[tuple[np.ndarray, float], ...] = ()
     op_seconds: float = 0.0
-    conflicts: tuple[tuple[int, int], ...] = ()
+    conflicts: tuple[tuple[int, int, int], ...] = ()
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -306,7 +306,7 @@ class OffloadWindows:
         return result
 
 
-def _made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:
+def made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:
     """Backward step at which each recomputed node's copy is made: its first direct reader, or
     the earliest copy that reads it, whichever comes first; an op's outputs with the op."""
     order = np.flatnonzero(recomputed)[::-1].tolist()

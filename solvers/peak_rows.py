@@ -119,6 +119,11 @@ class PeakRows:
             terms += [(cols[k], -size[k]) for k in np.flatnonzero(freed < f)]
         return const, terms
 
+    def made(self, build: RowBuilder, tau: int, cache: dict) -> dict[int, int]:
+        """Column of ``made[e, tau]`` per node whose copy can exist by step tau (exact rows on
+        ``build``; ``cache`` keeps each step's columns)."""
+        return self._made(build, tau, cache)
+
     def _made(self, build: RowBuilder, tau: int, cache: dict) -> dict[int, int]:
         """Column of ``made[e, tau]`` per node that can have a copy by step tau."""
         if tau in cache:
