@@ -435,7 +435,7 @@ def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, so
     began = time.perf_counter()
     start = evaluate_names(problem, decision.saved)
     windows = offload.offload_windows(joint, problem, runtime, link, config.offload_min_bytes,
-                                      config.offload_op_seconds, guide=start.recomputed)
+                                      config.offload_op_seconds, guides=(start.recomputed, None))
     budget, least = decision.budget_bytes, None
     if config.budget.fraction == 0.0:  # the most frugal plan: the least peak with offloading, then the fastest there
         least = least_peak_offloading(problem, windows, start, time.monotonic() + solver.time_limit,

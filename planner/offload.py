@@ -112,7 +112,7 @@ LINK_SHARE = 0.8  # of a window's estimated seconds, what its copies may take of
 def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.Node], float],
                     bytes_per_second: float = LINK_BYTES_PER_SECOND, min_bytes: int = 1 << 20,
                     op_seconds: float = 0.0, segments: int = LINK_SEGMENTS, share: float = LINK_SHARE,
-                    guide: np.ndarray | None = None) -> OffloadWindows:
+                    guides: tuple = (None,)) -> OffloadWindows:
     """Fixed windows for every value that may be offloaded, so that the exact programs choose
     offloads with the memory and the link priced exactly (:class:`~planner.schedule.OffloadWindows`).
 
@@ -124,7 +124,9 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
     earliest). When a value is first read depends on the plan (a recomputed copy reads it when
     made): the windows follow the plan ``guide`` recomputes (a node mask; the first direct
     reader where None or where the guide does not save the value; for a value only recomputed
-    copies read, the earliest step one of them could be made under any plan). A plan whose
+    copies read, the earliest step one of them could be made under any plan). Each of
+    ``guides`` (node masks of recomputed nodes, or None) gives each value one window; windows
+    alike are given once, and a plan offloads a value in one of its windows at most. A plan whose
     recomputed copy would read the value before its copy back is under way cannot offload it:
     ``conflicts`` name those readers, and the programs forbid the pair exactly (a copy made by
     the step before the copy back). Each direction carries its copies in order; for every run of spans
@@ -144,7 +146,8 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
     steps = [by_name.get(name) for name in s.step_names]  # None: a step of the rest of the training step
     step_start = np.concatenate(([0.0], np.cumsum([runtime(node) if node is not None else 0.0 for node in steps])))
     first = _first_possible_read(problem)
-    guided = {} if guide is None else made_at(s, problem.consumers, np.asarray(guide, dtype=bool) & s.owns)
+    guided = [{} if guide is None else made_at(s, problem.consumers, np.asarray(guide, dtype=bool) & s.owns)
+              for guide in guides]
     empty = OffloadWindows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
                            np.zeros(0), (), op_seconds, ())
     if n == 0 or not steps or s.repeats > 1:
@@ -158,28 +161,30 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
         if not (s.owner[i] == i and problem.saveable[i] and not s.held[i] and first[i] < s.num_steps
                 and problem.nbytes[i] >= max(min_bytes, 1) and offloadable(node, min_bytes)):
             continue
-        read = int(s.first_read[i]) if s.first_read[i] < s.num_steps else int(first[i])
-        read = min([read] + [guided[w] for w in problem.consumers[i] if w in guided])
         k = _span(f_bounds, forward_end[i])
         deadline = f_bounds[min(k + 2, segments)]
         wait = max(int(np.searchsorted(forward_end, deadline - 1e-15 * max(f_total, 1.0))), int(s.fwd_last[i]), i)
         wait = min(wait, n - 1)
-        j = _span(b_bounds, step_start[read])
-        issue = b_bounds[max(j - 1, 0)]
-        allowed = [t for t in range(read + 1)
-                   if steps[t] is not None and graph_order[steps[t]] > graph_order[by_name[problem.names[wait]]]]
-        if not allowed:
-            continue  # the joint graph puts every possible reader before the wait
-        later = [t for t in allowed if step_start[t] >= issue - 1e-15 * max(b_total, 1.0)]
-        reload = later[0] if later else allowed[-1]
-        conflicts += [(len(nodes), int(w), reload - 1) for w in problem.consumers[i]
-                      if problem.recomputable[w] and first[w] < reload]
-        nodes.append(i)
-        freed.append(wait)
-        back.append(later[0] if later else allowed[-1])
-        seconds.append(_seconds(int(problem.nbytes[i]), bytes_per_second))
-        out_span.append(k)
-        in_span.append(j)
+        direct = int(s.first_read[i]) if s.first_read[i] < s.num_steps else int(first[i])
+        reloads = {}  # reload step -> span of the first read
+        for made in guided:
+            read = min([direct] + [made[w] for w in problem.consumers[i] if w in made])
+            j = _span(b_bounds, step_start[read])
+            issue = b_bounds[max(j - 1, 0)]
+            allowed = [t for t in range(read + 1)
+                       if steps[t] is not None and graph_order[steps[t]] > graph_order[by_name[problem.names[wait]]]]
+            if allowed:  # else the joint graph puts every possible reader before the wait
+                later = [t for t in allowed if step_start[t] >= issue - 1e-15 * max(b_total, 1.0)]
+                reloads.setdefault(later[0] if later else allowed[-1], j)
+        for reload, j in sorted(reloads.items()):
+            conflicts += [(len(nodes), int(w), reload - 1) for w in problem.consumers[i]
+                          if problem.recomputable[w] and first[w] < reload]
+            nodes.append(i)
+            freed.append(wait)
+            back.append(reload)
+            seconds.append(_seconds(int(problem.nbytes[i]), bytes_per_second))
+            out_span.append(k)
+            in_span.append(j)
     if not nodes:
         return empty
     out_span, in_span, seconds = np.array(out_span), np.array(in_span), np.array(seconds)

@@ -271,7 +271,8 @@ class OffloadWindows:
     """Where each value that may be offloaded would have its copies, fixed before a plan is
     chosen, so that offloading is a third choice of the exact programs (:mod:`solvers.offload`).
 
-    Per candidate ``k``: its node ``nodes[k]``, the forward node after which the forward waits
+    Per candidate ``k``: its node ``nodes[k]`` (a node may have several candidates, its
+    windows; a plan takes one at most), the forward node after which the forward waits
     for its copy to host (``freed_after[k]``, not before its last forward reader), the backward
     step from which its copy back is under way (``back_from[k]``, at or before the first step
     that can read it under any plan), and ``seconds[k]``, one copy's time on the link.

@@ -29,6 +29,7 @@ from planner.schedule import OffloadWindows, made_at
 from solvers.base import relative_gap
 from solvers.graph_model import build_graph_model, seconds_bound, tie_broken_objective
 from solvers.peak_rows import PeakRows, Round, memory_unit, solve_within_peak
+from solvers.reference import reference_plan
 
 __all__ = ["OffloadSolution", "solve_offloading", "least_peak_offloading", "link_unit"]
 
@@ -113,17 +114,22 @@ def least_peak_offloading(problem: Problem, windows: OffloadWindows, start: Eval
                           host_bytes: int | None = None, workers: int = 8) -> OffloadSolution:
     """The plan of least peak that saves, recomputes or offloads each value: the offload
     program with the peak as its objective, by CP-SAT (as the least peak without offloading is
-    found, :mod:`solvers.frugal`), started from ``start`` (which offloads nothing). Status
+    found, :mod:`solvers.frugal`), started from the least of ``start`` (which offloads nothing)
+    and it and the frugal reference plan with what fits offloaded (:meth:`_Program.what_fits`). Status
     ``optimal`` if proven least by ``deadline``, else ``feasible`` (the least found, never above
     the start's)."""
     from solvers.cpsat import run_cpsat  # the methods sit above this module
 
     program = _Program(problem, windows, host_bytes)
     begun = program.start(start, None)
-    hint = [begun, program.start(start, program.what_fits(start))]
+    # starts: the plan given, and it and the frugal reference (the blocks' boundaries saved,
+    # read where their blocks' backward begins) each with what fits offloaded
+    reference = reference_plan(problem)
+    hint = [begun, program.start(start, program.what_fits(start)), program.start(reference, program.what_fits(reference))]
 
     def solve(model, limit) -> Round:
-        answer = run_cpsat(model, None, program.vector(model, hint[-1]), deadline, workers, limit)
+        best = min(hint, key=lambda s: (s.plan.peak_bytes, s.seconds))
+        answer = run_cpsat(model, None, program.vector(model, best), deadline, workers, limit)
         found = program.round(answer)
         if found.plan is not None:
             hint.append(program.solution(found.x, found.plan))
@@ -144,8 +150,9 @@ class _Program:
         self.problem, self.windows = problem, windows
         base, build = build_graph_model(problem)
         cols = build.add_vars(len(windows), integral=True)
-        for col, var in zip(cols, base.saved_var[windows.nodes]):
-            build.add_row([int(col), int(var)], [1.0, -1.0], -math.inf, 0.0)
+        for node in np.unique(windows.nodes):  # one window at most, and only for a saved value
+            mine = [int(c) for c in cols[windows.nodes == node]]
+            build.add_row(mine + [int(base.saved_var[node])], [1.0] * len(mine) + [-1.0], -math.inf, 0.0)
         rows, made = PeakRows(problem, base), {}
         for k, w, t in windows.conflicts:  # offload k, or make w's copy by step t, not both
             column = rows.made(build, t, made).get(w) if t >= 0 else None
@@ -177,9 +184,11 @@ class _Program:
         room = math.inf if self.host_bytes is None else float(self.host_bytes)
         chosen = np.zeros(len(windows), dtype=bool)
         sizes = problem.nbytes[windows.nodes]
-        for k in np.argsort(-sizes, kind="stable"):
+        taken = set()
+        for k in np.lexsort((-windows.back_from, -sizes)):  # largest first, the latest copy back first
             k = int(k)
-            if not plan.saved[windows.nodes[k]] or k in early or sizes[k] > room:
+            node = int(windows.nodes[k])
+            if not plan.saved[node] or node in taken or k in early or sizes[k] > room:
                 continue
             rows = rows_of.get(k, [])
             if all(load[r] + windows.seconds[k] <= windows.link_rows[r][1] for r in rows):
@@ -187,6 +196,7 @@ class _Program:
                     load[r] += windows.seconds[k]
                 room -= sizes[k]
                 chosen[k] = True
+                taken.add(node)
         return chosen
 
     def evaluated(self, saved: np.ndarray, offloaded: np.ndarray) -> tuple[Evaluation, np.ndarray]:

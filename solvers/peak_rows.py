@@ -92,7 +92,9 @@ class PeakRows:
             windows, cols = offload
             self.offload = (windows.freed_after, windows.back_from, [int(c) for c in cols],
                             problem.nbytes[windows.nodes].astype(float))
-            self.away_until = {int(v): (int(b), int(c)) for v, b, c in zip(windows.nodes, windows.back_from, cols)}
+            self.away_until: dict[int, list[tuple[int, int]]] = {}  # node -> (copy back's step, column) per window
+            for v, b, c in zip(windows.nodes, windows.back_from, cols):
+                self.away_until.setdefault(int(v), []).append((int(b), int(c)))
 
     def add(self, build: RowBuilder, forward_steps, backward_steps, limit: "Limit") -> None:
         """Rows ``memory(step) <= limit`` at the given forward and backward steps."""
@@ -161,24 +163,25 @@ class PeakRows:
             e = int(e)
             # copies of readers of e that read it at t or later: each keeps e alive at t
             later = [c for w in self.cons[e] for c in self._reads_at(t, int(w), made_before, reading)]
-            back, off = self.away_until.get(e, (-1, -1)) if self.offload is not None else (-1, -1)
+            # the windows of e's offloads that have it off the device at t
+            away = [c for b, c in self.away_until.get(e, [])] if self.offload is not None else []
+            away = [c for b, c in self.away_until.get(e, []) if t < b] if away else []
             for present, size in ((self.svar[e], nbytes[e]), (made_now.get(e, -1), s.copy_bytes[e])):
                 if present < 0 or not size:
                     continue
-                away = present == self.svar[e] and t < back  # saved, and offloaded: off the device at t
+                off = away if present == self.svar[e] else []  # only a saved value is offloaded
                 if s.last_read[e] >= t:
                     terms.append((int(present), float(size)))
-                    if away:  # offloaded <= saved
-                        terms.append((off, -float(size)))
+                    terms += [(c, -float(size)) for c in off]  # the offloads (one at most) <= saved
                 elif later:
                     (alive,) = build.add_vars(1, integral=False)
                     for conj in later:  # alive >= present AND every factor of conj
                         factors = [[(int(present), 1.0)], *conj]
                         build.add_row([alive] + [c for f in factors for c, _ in f],
                                       [1.0] + [-v for f in factors for _, v in f], 1.0 - len(factors), np.inf)
-                    if away:  # on the device: alive AND NOT offloaded, at least alive - offloaded
+                    if off:  # on the device: alive AND NOT offloaded, at least alive - offloaded
                         (here,) = build.add_vars(1, integral=False)
-                        build.add_row([here, alive, off], [1.0, -1.0, 1.0], 0.0, np.inf)
+                        build.add_row([here, alive, *off], [1.0, -1.0] + [1.0] * len(off), 0.0, np.inf)
                         alive = here
                     terms.append((int(alive), float(size)))
         for e in self.scratchy:  # a library kernel's scratch while its copy is made: made[e,t] - made[e,t-1]
