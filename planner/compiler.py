@@ -430,7 +430,8 @@ def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, so
     below the least peak without it). At budget 0.0, the least peak with offloading first
     (:func:`solvers.offload.least_peak_offloading`), then the fastest plan at that peak, each
     within the solver's time limit. Its copies run in the windows the program priced
-    (:func:`planner.offload.offload_windows`); ``stats["offload"]`` says what was offloaded,
+    (:func:`planner.offload.offload_windows`). Where it offloads nothing, the budget's own plan
+    stands as it was (PyTorch's split at 1.0 among them). ``stats["offload"]`` says what was offloaded,
     the program's status and gap, and the plan's seconds with and without offloading."""
     began = time.perf_counter()
     start = evaluate_names(problem, decision.saved)
@@ -463,6 +464,9 @@ def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, so
             **({} if least is None else {"least_peak": {"peak_bytes": least.plan.peak_bytes, "status": least.status,
                                                         "rounds": least.stats.get("rounds")}}),
             **{f"program_{k}": v for k, v in found.stats.items()}}
+    if not offloaded and decision.peak_bytes <= budget:  # offloading buys nothing: the budget's own plan
+        note["plan"] = "the budget's plan: the program offloads nothing"
+        return replace(decision, stats={**decision.stats, "offload": note})
     plan = found.plan
     return replace(decision, budget_bytes=budget, saved=tuple(names[i] for i in np.flatnonzero(plan.saved)),
                    offloaded=offloaded,
