@@ -156,6 +156,7 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
     f_bounds = np.linspace(0.0, f_total, segments + 1)
     b_bounds = np.linspace(0.0, b_total, segments + 1)
     nodes, freed, back, seconds, out_span, in_span, conflicts = [], [], [], [], [], [], []
+    out_window, in_window = [], []
     for i in range(n):
         node = by_name[problem.names[i]]
         if not (s.owner[i] == i and problem.saveable[i] and not s.held[i] and first[i] < s.num_steps
@@ -182,6 +183,8 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
             nodes.append(i)
             freed.append(wait)
             back.append(reload)
+            out_window.append((float(forward_end[i]), float(deadline)))
+            in_window.append((float(b_bounds[max(j - 1, 0)]), float(b_bounds[j])))
             seconds.append(_seconds(int(problem.nbytes[i]), bytes_per_second))
             out_span.append(k)
             in_span.append(j)
@@ -196,7 +199,8 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
                 members = np.flatnonzero((spans >= i) & (spans <= j))
                 rows.append((members, share * max(0.0, float(end_of(j) - start_of(i)))))
     return OffloadWindows(np.array(nodes, dtype=np.int64), np.array(freed, dtype=np.int64),
-                          np.array(back, dtype=np.int64), seconds, tuple(rows), op_seconds, tuple(conflicts))
+                          np.array(back, dtype=np.int64), seconds, tuple(rows), op_seconds, tuple(conflicts),
+                          np.array(out_window), np.array(in_window))
 
 
 def _span(bounds: np.ndarray, t: float) -> int:

@@ -283,6 +283,9 @@ class OffloadWindows:
     beside its copies (the host's work on the transfer ops). ``conflicts`` are triples
     ``(k, w, t)``: a recomputed copy of node w reads candidate k's value when it is made, so a
     plan that offloads k does not make that copy by step t (the step before k's copy back).
+    ``out_window`` and ``in_window`` give each candidate's windows in estimated seconds from the
+    start of the forward and of the backward: when its copy to host may start and must end, and
+    when its copy back may start and must end (the start of the span of its first read).
     """
 
     nodes: np.ndarray
@@ -292,6 +295,8 @@ class OffloadWindows:
     link_rows: tuple[tuple[np.ndarray, float], ...] = ()
     op_seconds: float = 0.0
     conflicts: tuple[tuple[int, int, int], ...] = ()
+    out_window: np.ndarray | None = None  # per candidate, (made, waited for) in the forward's estimated seconds
+    in_window: np.ndarray | None = None  # per candidate, (copy back issued, first read at latest) in the backward's
 
     def __len__(self) -> int:
         return len(self.nodes)

@@ -325,3 +325,34 @@ def test_offloading_meets_a_budget_below_the_least_peak_without_it(monkeypatch):
 def test_solvers_that_do_not_weigh_offloading_say_so(monkeypatch):
     _, auto = _exact_offloading(monkeypatch, "gpt", memory_budget=0.5, solver="greedy")
     assert "the solver does not weigh offloading" in auto.decision.stats["offload"]["method"]
+
+
+def test_the_exact_plans_copies_each_end_in_their_windows_copied_in_order(monkeypatch):
+    """The link rows are sufficient: with a link that binds (it carries some of the candidates'
+    copies in their windows, not all), the copies the program chose, each direction run one at a
+    time in the order they may start, all end in their windows."""
+    from planner import offload
+    from planner.offload import offload_windows, op_seconds
+
+    model, inputs = MODELS["gpt"]()
+    joint = planner.capture(model, inputs, codegen="eager")
+    estimator = get_estimator("flops")
+    problem = build_problem(joint, estimator)
+    estimator.prepare([n for n in joint.graph.nodes if n.op == "call_function"])
+    runtime = op_seconds(estimator, fuse=False)
+    total = sum(runtime(n) for n in joint.graph.nodes)
+    sizes = int(problem.nbytes[offload_windows(joint, problem, runtime, 1e18, 0).nodes].sum())
+    link = sizes / total  # the whole step carries every candidate's bytes once (rows 20x looser fail here)
+    _, auto = _exact_offloading(monkeypatch, "gpt", link=link, plain=False, memory_budget=0.5, estimator="flops")
+    decision = auto.decision
+    start = evaluate_names(problem, decision.saved)
+    windows = offload_windows(joint, problem, runtime, link, 0, guides=(start.recomputed, None))
+    offloaded = set(decision.offloaded)
+    chosen = [k for k in range(len(windows)) if problem.names[windows.nodes[k]] in offloaded
+              and decision.transfers[problem.names[windows.nodes[k]]][1] == problem.schedule.step_names[windows.back_from[k]]]
+    assert 0 < len(offloaded) == len({int(windows.nodes[k]) for k in chosen}) < len(set(windows.nodes.tolist()))
+    for window in (windows.out_window, windows.in_window):
+        clock = 0.0
+        for k in sorted(chosen, key=lambda k: tuple(window[k])):
+            clock = max(clock, window[k][0]) + windows.seconds[k]
+            assert clock <= window[k][1] * (1 + 1e-9)
