@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["Schedule", "Profile", "Offloads", "OffloadWindows", "made_at", "profile", "consumers", "with_rest_of_step", "with_backward_beside"]
+__all__ = ["Schedule", "Profile", "Offloads", "OffloadWindows", "made_at", "profile", "consumers", "with_rest_of_step",
+           "with_backward_beside"]
 
 
 @dataclass(frozen=True, eq=False)

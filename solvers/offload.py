@@ -3,13 +3,14 @@
 Per value that may be offloaded (a candidate of :class:`planner.schedule.OffloadWindows`), a
 0/1 variable ``offloaded[k] <= saved[v]``, and ``offloaded[k] + made[w, t] <= 1`` for each
 reader w whose recomputed copy could read v before its copy back starts (``conflicts``;
-``made`` as in :mod:`solvers.peak_rows`, exact at its step). Its copies run in fixed windows, so the memory rows
-stay exact: an offloaded value is off the device from its wait in the forward to the start of
-its copy back in the backward (:func:`planner.schedule.profile` with the windows' ``Offloads``),
-and each of those steps' rows takes its bytes off (:class:`solvers.peak_rows.PeakRows`). The
-link is a resource: per row of ``windows.link_rows``, the chosen copies' seconds fit the
-window's capacity (in whole units of :func:`link_unit`, each copy rounded up). Host memory is bounded by
-``host_bytes``: every offloaded value is on the host at the end of the forward.
+``made`` as in :mod:`solvers.peak_rows`, exact at its step). Its copies run in fixed windows,
+so the memory rows stay exact: an offloaded value is off the device from its wait in the
+forward to the start of its copy back in the backward (:func:`planner.schedule.profile` with
+the windows' ``Offloads``), and each of those steps' rows takes its bytes off
+(:class:`solvers.peak_rows.PeakRows`). The link is a resource: per row of
+``windows.link_rows``, the chosen copies' seconds fit the window's capacity (in whole units of
+:func:`link_unit`, each copy rounded up). Host memory is bounded by ``host_bytes``: every
+offloaded value is on the host at the end of the forward.
 
 The objective is the plan's seconds, recomputation and saving as in
 :mod:`solvers.graph_model`, plus ``windows.op_seconds`` per offloaded value. Solved by the exact
@@ -24,7 +25,7 @@ import numpy as np
 
 from planner.decision import Status
 from planner.errors import SolverError
-from planner.problem import Evaluation, Problem, evaluate, memory_profile
+from planner.problem import Evaluation, Problem, evaluate
 from planner.schedule import OffloadWindows, made_at
 from solvers.base import relative_gap
 from solvers.graph_model import build_graph_model, seconds_bound, tie_broken_objective
@@ -97,7 +98,7 @@ def solve_offloading(problem: Problem, budget_bytes: int, windows: OffloadWindow
         raise SolverError(f"the offload program's optimum peaks at {result.plan.peak_bytes} bytes, over its budget of "
                           f"{budget_bytes}; its memory rows disagree with the memory model, a bug: please report it")
     if result.plan is not None and result.plan.peak_bytes <= budget_bytes:
-        found = program.solution(result.x, result.plan)
+        found = program.solution(result.x)
         if result.optimal:
             return replace(found, status=Status.OPTIMAL, gap=0.0, stats=stats)
         if begun.plan.peak_bytes > budget_bytes or found.seconds < begun.seconds:
@@ -115,9 +116,9 @@ def least_peak_offloading(problem: Problem, windows: OffloadWindows, start: Eval
     """The plan of least peak that saves, recomputes or offloads each value: the offload
     program with the peak as its objective, by CP-SAT (as the least peak without offloading is
     found, :mod:`solvers.frugal`), started from the least of ``start`` (which offloads nothing)
-    and it and the frugal reference plan with what fits offloaded (:meth:`_Program.what_fits`). Status
-    ``optimal`` if proven least by ``deadline``, else ``feasible`` (the least found, never above
-    the start's)."""
+    and it and the frugal reference plan with what fits offloaded (:meth:`_Program.what_fits`).
+    Status ``optimal`` if proven least by ``deadline``, else ``feasible`` (the least found,
+    never above the start's)."""
     from solvers.cpsat import run_cpsat  # the methods sit above this module
 
     program = _Program(problem, windows, host_bytes)
@@ -125,14 +126,15 @@ def least_peak_offloading(problem: Problem, windows: OffloadWindows, start: Eval
     # starts: the plan given, and it and the frugal reference (the blocks' boundaries saved,
     # read where their blocks' backward begins) each with what fits offloaded
     reference = reference_plan(problem)
-    hint = [begun, program.start(start, program.what_fits(start)), program.start(reference, program.what_fits(reference))]
+    hint = [begun, program.start(start, program.what_fits(start)),
+            program.start(reference, program.what_fits(reference))]
 
     def solve(model, limit) -> Round:
         best = min(hint, key=lambda s: (s.plan.peak_bytes, s.seconds))
         answer = run_cpsat(model, None, program.vector(model, best), deadline, workers, limit)
         found = program.round(answer)
         if found.plan is not None:
-            hint.append(program.solution(found.x, found.plan))
+            hint.append(program.solution(found.x))
         return found
 
     result, stats = solve_within_peak(problem, program.base, program.build, solve, deadline, limit_bytes=0.0,
@@ -159,10 +161,10 @@ class _Program:
             if column is not None:
                 build.add_row([int(cols[k]), int(column)], [1.0, 1.0], -math.inf, 1.0)
         unit = link_unit(windows)
-        ticks = np.ceil(windows.seconds / unit)
-        for members, capacity in windows.link_rows:
-            build.add_row([int(cols[m]) for m in members], ticks[members].tolist(), -math.inf,
-                          float(math.floor(capacity / unit)))
+        self.ticks = np.ceil(windows.seconds / unit)  # the link rows in whole units
+        self.capacity = [float(math.floor(capacity / unit)) for _, capacity in windows.link_rows]
+        for (members, _), capacity in zip(windows.link_rows, self.capacity):
+            build.add_row([int(cols[m]) for m in members], self.ticks[members].tolist(), -math.inf, capacity)
         if host_bytes is not None:
             unit = memory_unit(problem)
             build.add_row([int(c) for c in cols], (problem.nbytes[windows.nodes] / unit).tolist(), -math.inf,
@@ -191,9 +193,9 @@ class _Program:
             if not plan.saved[node] or node in taken or k in early or sizes[k] > room:
                 continue
             rows = rows_of.get(k, [])
-            if all(load[r] + windows.seconds[k] <= windows.link_rows[r][1] for r in rows):
+            if all(load[r] + self.ticks[k] <= self.capacity[r] for r in rows):
                 for r in rows:
-                    load[r] += windows.seconds[k]
+                    load[r] += self.ticks[k]
                 room -= sizes[k]
                 chosen[k] = True
                 taken.add(node)
@@ -205,13 +207,16 @@ class _Program:
         chosen = np.asarray(offloaded, dtype=bool) & plain.saved[self.windows.nodes]
         return evaluate(self.problem, saved, self.windows.offloads(len(self.problem), chosen)), chosen
 
-    def solution(self, x: np.ndarray, plan: Evaluation | None = None) -> OffloadSolution:
-        plan, chosen = self.evaluated(self.base.saved_mask(x), x[self.cols] > 0.5)
-        return OffloadSolution(plan.saved, chosen, plan, plan.seconds + self.windows.op_seconds * int(chosen.sum()), "")
+    def solution(self, x: np.ndarray) -> OffloadSolution:
+        """The plan of a solution vector (status left to the caller)."""
+        return self.start_of(self.base.saved_mask(x), x[self.cols] > 0.5)
 
     def start(self, plan: Evaluation, offloaded: np.ndarray | None) -> OffloadSolution:
-        none = np.zeros(len(self.windows), dtype=bool)
-        plan, chosen = self.evaluated(plan.saved, none if offloaded is None else offloaded)
+        """``plan`` offloading ``offloaded`` (a mask over the candidates; None: nothing)."""
+        return self.start_of(plan.saved, np.zeros(len(self.windows), dtype=bool) if offloaded is None else offloaded)
+
+    def start_of(self, saved: np.ndarray, offloaded: np.ndarray) -> OffloadSolution:
+        plan, chosen = self.evaluated(saved, offloaded)
         return OffloadSolution(plan.saved, chosen, plan, plan.seconds + self.windows.op_seconds * int(chosen.sum()), "")
 
     def vector(self, model, begun: OffloadSolution) -> np.ndarray:
