@@ -154,6 +154,10 @@ class Plan:
             rows.insert(1, ("polish", polished))
         if self.scratch:
             rows.insert(4, ("library scratch", self.scratch))
+        if isinstance(note := d.stats.get("offload"), dict):
+            moved = f"{note['offloaded']} values, {format_bytes(note['offloaded_bytes'])} to host memory"
+            rows.insert(4, ("offloaded", f"{moved} ({note.get('method', 'greedy')}; "
+                                         f"{format_bytes(note['peak_bytes_on_device_alone'])} peak without)"))
         schedule = self.graph_plan.problem.schedule
         if schedule.step_names[:1] == (REST_OF_STEP,):
             rows.insert(4, ("rest of the step", f"{format_bytes(int(schedule.base[0]))} besides the saved values, between "
@@ -235,5 +239,8 @@ def plan_settings(config: PlannerConfig) -> dict[str, Any]:
             **({"offload": config.offload, "offload_bandwidth": config.offload_bandwidth,
                 "offload_min_bytes": config.offload_min_bytes,
                 # the host bound only where it is set, so plan files from before it still match
-                **({"offload_host_bytes": config.offload_host_bytes} if config.offload_host_bytes is not None else {})}
+                **({"offload_host_bytes": config.offload_host_bytes} if config.offload_host_bytes is not None else {}),
+                # the price of an offload's ops where it is not the default, for the same reason
+                **({"offload_op_seconds": config.offload_op_seconds}
+                   if config.offload_op_seconds != PlannerConfig.offload_op_seconds else {})}
                if config.offload != "off" else {})}

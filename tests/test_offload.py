@@ -240,6 +240,7 @@ def test_offload_auto_trades_recomputation_for_copies_the_link_hides(monkeypatch
     auto = planner.plan(model, inputs, planner.PlannerConfig(offload="auto", **settings))
     decision, note = auto.decision, auto.decision.stats["offload"]
     assert decision.offloaded and note["offloaded"] == len(decision.offloaded)
+    assert f"{len(decision.offloaded)} values" in auto.summary() and note["method"] in auto.summary()
     assert decision.peak_bytes <= decision.budget_bytes == plain.budget_bytes
     assert note["plan"] == "the fastest plan, offloaded under the budget" and decision.seconds < plain.seconds
     problem = auto.graph_plan.problem
