@@ -20,7 +20,7 @@ budgets below the least peak without offloading (``--below``, fractions of it), 
 no plan meets is reported as such.
 
     python -m bench.offload [--model gpt|llama] [--layers N] [--batch B] [--budgets 1.0 0.5 0.0] [--rounds 3]
-        [--no-greedy] [--below 0.9 0.75 0.6 0.5] [--time-limit S]
+        [--no-greedy] [--below 0.9 0.75 0.6 0.5] [--time-limit S] [--explain N]
 """
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     from planner.compiler import PlannerBackend
     from planner.frames import own_frame
     from planner.models import GPTConfig, gpt_example
-    from planner.offload import measure_link, offloaded_decision, op_seconds
+    from planner.offload import explain_windows, measure_link, offload_windows, offloaded_decision, op_seconds
+    from planner.problem import evaluate_names
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["gpt", "llama"], default="gpt")
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--below", type=float, nargs="*", default=[0.9, 0.75, 0.6, 0.5],
                         help="absolute budgets for offload='auto', as fractions of the least peak without offloading")
     parser.add_argument("--time-limit", type=float, default=None, help="the exact solver's, for offload='auto' plans")
+    parser.add_argument("--explain", type=int, default=0, metavar="N",
+                        help="after each offload='auto' plan, why its N largest saved values can or cannot leave")
     parser.add_argument("--out", type=Path, default=RESULTS / "offload.json")
     args = parser.parse_args(argv)
 
@@ -110,6 +113,13 @@ def main(argv: list[str] | None = None) -> None:
             failed.append({"method": "planner, offload auto", "budget": label, "failed": str(err)})
             return
         note = plan.decision.stats["offload"]
+        if args.explain:
+            problem = plan.graph_plan.problem
+            chosen = evaluate_names(problem, plan.decision.saved)
+            windows = offload_windows(joint, problem, runtime, bandwidth, settings["offload_min_bytes"],
+                                      plan.config.offload_op_seconds, guides=(chosen.recomputed, None))
+            print("\n".join(f"  {line}" for line in explain_windows(joint, problem, windows, chosen, args.explain)),
+                  flush=True)
         record({"method": f"planner, offload auto ({plan.decision.solver})", "budget": label,
                 "offloaded": note["offloaded"], "offloaded_bytes": note["offloaded_bytes"],
                 "predicted_peak_bytes": plan.decision.peak_bytes, "status": note["status"], "gap": note["gap"],

@@ -33,8 +33,9 @@ from planner.graph import JointGraph
 from planner.ops import storage_bytes
 from planner.problem import Problem, evaluate_names, memory_profile, offloads_of
 from planner.schedule import OffloadWindows, made_at
+from planner.units import format_bytes
 
-__all__ = ["Placement", "place_transfers", "offload_windows", "windows_decision", "LINK_SEGMENTS", "LINK_SHARE",
+__all__ = ["Placement", "place_transfers", "offload_windows", "windows_decision", "explain_windows", "LINK_SEGMENTS", "LINK_SHARE",
            "choose_offloads", "op_seconds", "offloaded_decision", "host_link",
            "measure_link", "LINK_BYTES_PER_SECOND"]
 
@@ -220,6 +221,45 @@ def _first_possible_read(problem: Problem) -> np.ndarray:
             if problem.recomputable[w]:
                 first[e] = min(first[e], first[w], first[int(s.made_with[w])])
     return first
+
+
+def explain_windows(joint: JointGraph, problem: Problem, windows: OffloadWindows, plan, count: int = 20) -> list[str]:
+    """Why the largest values a plan (an :class:`~planner.problem.Evaluation`) saves can or
+    cannot leave the device, one line each for its ``count`` largest: the first direct backward
+    reader, the first step at which the plan's recomputed copies read the value, and per window
+    the step of its copy back and whether the plan's copies read the value before it (or why
+    the value has no window)."""
+    from planner.emit import offloadable
+
+    s = problem.schedule
+    by_name = {node.name: node for node in joint.graph.nodes}
+    made = made_at(s, problem.consumers, plan.recomputed & s.owns)
+    saved = [int(i) for i in np.flatnonzero(plan.saved) if problem.nbytes[i] > 0]
+
+    def step(t: int) -> str:
+        return f"{t} {s.step_names[t]}" if 0 <= t < s.num_steps else "none"
+
+    lines = []
+    for i in sorted(saved, key=lambda i: -int(problem.nbytes[i]))[:count]:
+        reads = [(made[w], problem.names[w]) for w in problem.consumers[i] if w in made]
+        early = min(reads, default=None)
+        copies = f"{step(early[0])} ({early[1]})" if early else "none"
+        head = (f"{problem.names[i]} {format_bytes(int(problem.nbytes[i]))}: read directly at step "
+                f"{step(int(s.first_read[i]))}, by the plan's copies from step {copies}")
+        mine = np.flatnonzero(windows.nodes == i)
+        if not len(mine):
+            why = ("not its own storage" if s.owner[i] != i else "kept by the caller" if s.held[i]
+                   else "a view, written in place, viewed or returned" if not offloadable(by_name[problem.names[i]])
+                   else "too small, unread by the backward, or no step after its wait")
+            lines.append(f"{head}; no window: {why}")
+            continue
+        parts = []
+        for k in mine:
+            blocked = [problem.names[w] for kk, w, t in windows.conflicts if kk == k and w in made and made[w] <= t]
+            parts.append(f"waited for after {problem.names[windows.freed_after[k]]}, back from step "
+                         f"{step(int(windows.back_from[k]))}" + (f", read before by {blocked[0]}" if blocked else ""))
+        lines.append(f"{head}; {windows.seconds[mine[0]] * 1e6:.1f} µs each way; windows: " + "; ".join(parts))
+    return lines
 
 
 def windows_decision(problem: Problem, windows: OffloadWindows, chosen: np.ndarray) -> dict[str, list]:

@@ -357,3 +357,24 @@ def test_the_exact_plans_copies_each_end_in_their_windows_copied_in_order(monkey
         for k in sorted(chosen, key=lambda k: tuple(window[k])):
             clock = max(clock, window[k][0]) + windows.seconds[k]
             assert clock <= window[k][1] * (1 + 1e-9)
+
+
+def test_explain_windows_says_why_each_large_saved_value_can_or_cannot_leave():
+    from planner.offload import explain_windows, offload_windows, op_seconds
+
+    model, inputs = MODELS["gpt"]()
+    joint = planner.capture(model, inputs, codegen="eager")
+    estimator = get_estimator("flops")
+    problem = build_problem(joint, estimator)
+    estimator.prepare([n for n in joint.graph.nodes if n.op == "call_function"])
+    plan = evaluate_names(problem, get_solver("greedy").solve(problem, planner.Budget(fraction=0.3).resolve(problem)).saved)
+    windows = offload_windows(joint, problem, op_seconds(estimator, fuse=False), 1e9, 1 << 12,
+                              guides=(plan.recomputed, None))
+    lines = explain_windows(joint, problem, windows, plan, count=8)
+    largest = sorted((int(i) for i in np.flatnonzero(plan.saved) if problem.nbytes[i] > 0),
+                     key=lambda i: -int(problem.nbytes[i]))[:8]
+    assert [line.split(" ")[0] for line in lines] == [problem.names[i] for i in largest]
+    with_window = set(problem.names[i] for i in windows.nodes)
+    for line, i in zip(lines, largest):
+        assert ("windows: waited for after" in line) == (problem.names[i] in with_window)
+        assert ("no window: " in line) == (problem.names[i] not in with_window)
