@@ -316,6 +316,9 @@ def test_a_link_too_slow_for_the_step_offloads_nothing(monkeypatch):
 def test_offloading_meets_a_budget_below_the_least_peak_without_it(monkeypatch):
     plain, frugal = _exact_offloading(monkeypatch, "cnn", memory_budget=0.0)
     assert frugal.decision.offloaded and frugal.decision.peak_bytes < plain.peak_bytes
+    assert frugal.decision.stats["offload"]["least_peak"]["peak_bytes"] >= frugal.decision.peak_bytes
+    assert_same_step(MODELS["cnn"], lambda twin, inputs: torch.compile(  # BatchNorm, its copies offloaded
+        own_frame(twin), backend=PlannerBackend(frugal.config, fixed=frugal.graph_plan), fullgraph=True, dynamic=False))
     below = frugal.decision.peak_bytes  # an absolute budget under the least peak without offloading
     _, met = _exact_offloading(monkeypatch, "cnn", plain=False, memory_budget=below)
     assert met.decision.peak_bytes <= below < plain.peak_bytes and met.decision.offloaded
