@@ -35,8 +35,8 @@ from planner.problem import Problem, evaluate_names, memory_profile, offloads_of
 from planner.schedule import OffloadWindows, made_at
 from planner.units import format_bytes
 
-__all__ = ["Placement", "place_transfers", "offload_windows", "windows_decision", "explain_windows", "LINK_SEGMENTS", "LINK_SHARE",
-           "choose_offloads", "op_seconds", "offloaded_decision", "host_link",
+__all__ = ["Placement", "place_transfers", "offload_windows", "windows_decision", "explain_windows", "LINK_SEGMENTS",
+           "LINK_SHARE", "choose_offloads", "op_seconds", "offloaded_decision", "host_link",
            "measure_link", "LINK_BYTES_PER_SECOND"]
 
 # one direction of the host link: about what pinned copies reach over PCIe 5 x16 (bytes/s)

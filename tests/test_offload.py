@@ -352,8 +352,9 @@ def test_the_exact_plans_copies_each_end_in_their_windows_copied_in_order(monkey
     start = evaluate_names(problem, decision.saved)
     windows = offload_windows(joint, problem, runtime, link, 0, guides=(start.recomputed, None))
     offloaded = set(decision.offloaded)
+    steps = problem.schedule.step_names
     chosen = [k for k in range(len(windows)) if problem.names[windows.nodes[k]] in offloaded
-              and decision.transfers[problem.names[windows.nodes[k]]][1] == problem.schedule.step_names[windows.back_from[k]]]
+              and decision.transfers[problem.names[windows.nodes[k]]][1] == steps[windows.back_from[k]]]
     assert 0 < len(offloaded) == len({int(windows.nodes[k]) for k in chosen}) < len(set(windows.nodes.tolist()))
     for window in (windows.out_window, windows.in_window):
         clock = 0.0
@@ -370,7 +371,8 @@ def test_explain_windows_says_why_each_large_saved_value_can_or_cannot_leave():
     estimator = get_estimator("flops")
     problem = build_problem(joint, estimator)
     estimator.prepare([n for n in joint.graph.nodes if n.op == "call_function"])
-    plan = evaluate_names(problem, get_solver("greedy").solve(problem, planner.Budget(fraction=0.3).resolve(problem)).saved)
+    budget = planner.Budget(fraction=0.3).resolve(problem)
+    plan = evaluate_names(problem, get_solver("greedy").solve(problem, budget).saved)
     windows = offload_windows(joint, problem, op_seconds(estimator, fuse=False), 1e9, 1 << 12,
                               guides=(plan.recomputed, None))
     lines = explain_windows(joint, problem, windows, plan, count=8)
