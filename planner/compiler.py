@@ -435,8 +435,11 @@ def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, so
     the program's status and gap, and the plan's seconds with and without offloading."""
     began = time.perf_counter()
     start = evaluate_names(problem, decision.saved)
+    # windows for the reads of the budget's plan, of the frugal reference (each block's
+    # boundary saved and read where the block's backward begins) and of the direct readers
+    guides = (start.recomputed, reference_plan(problem).recomputed, None)
     windows = offload.offload_windows(joint, problem, runtime, link, config.offload_min_bytes,
-                                      config.offload_op_seconds, guides=(start.recomputed, None))
+                                      config.offload_op_seconds, guides=guides)
     budget, least = decision.budget_bytes, None
     if config.budget.fraction == 0.0:  # the most frugal plan: the least peak with offloading, then the fastest there
         least = least_peak_offloading(problem, windows, start, time.monotonic() + solver.time_limit,
