@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     import planner
     from bench.gpu_step import measure, retime
     from estimators import get_estimator
-    from planner.compiler import PlannerBackend
+    from planner.compiler import PlannerBackend, offload_guides
     from planner.frames import own_frame
     from planner.models import GPTConfig, gpt_example
     from planner.offload import explain_windows, measure_link, offload_windows, offloaded_decision, op_seconds
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
             problem = plan.graph_plan.problem
             chosen = evaluate_names(problem, plan.decision.saved)
             windows = offload_windows(joint, problem, runtime, bandwidth, settings["offload_min_bytes"],
-                                      plan.config.offload_op_seconds, guides=(chosen.recomputed, None))
+                                      plan.config.offload_op_seconds, guides=offload_guides(problem, chosen))
             print("\n".join(f"  {line}" for line in explain_windows(joint, problem, windows, chosen, args.explain)),
                   flush=True)
         record({"method": f"planner, offload auto ({plan.decision.solver})", "budget": label,

@@ -422,6 +422,13 @@ def offload_goes_lower(joint: JointGraph, config: PlannerConfig, solver: Solver)
             and offload.host_link(joint, config.offload_bandwidth) is not None)
 
 
+def offload_guides(problem: Problem, start: Evaluation) -> tuple:
+    """The reads the offload windows follow (:func:`planner.offload.offload_windows`): those of
+    the plan the exact program starts from, of the frugal reference (each block's boundary saved
+    and read where the block's backward begins), and of the direct readers."""
+    return start.recomputed, reference_plan(problem).recomputed, None
+
+
 def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, solver: Solver,
                   runtime: Callable[[fx.Node], float], link: float, decision: Decision) -> Decision:
     """The fastest plan within the decision's budget that saves, recomputes or offloads each
@@ -435,11 +442,8 @@ def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, so
     the program's status and gap, and the plan's seconds with and without offloading."""
     began = time.perf_counter()
     start = evaluate_names(problem, decision.saved)
-    # windows for the reads of the budget's plan, of the frugal reference (each block's
-    # boundary saved and read where the block's backward begins) and of the direct readers
-    guides = (start.recomputed, reference_plan(problem).recomputed, None)
     windows = offload.offload_windows(joint, problem, runtime, link, config.offload_min_bytes,
-                                      config.offload_op_seconds, guides=guides)
+                                      config.offload_op_seconds, guides=offload_guides(problem, start))
     budget, least = decision.budget_bytes, None
     if config.budget.fraction == 0.0:  # the most frugal plan: the least peak with offloading, then the fastest there
         least = least_peak_offloading(problem, windows, start, time.monotonic() + solver.time_limit,

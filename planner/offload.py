@@ -124,17 +124,17 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
     latest), where the forward waits for it; a value whose first backward reader is in
     backward span j is copied back from the start of span j - 1 (the backward's start at the
     earliest). When a value is first read depends on the plan (a recomputed copy reads it when
-    made): the windows follow the plan ``guide`` recomputes (a node mask; the first direct
-    reader where None or where the guide does not save the value; for a value only recomputed
-    copies read, the earliest step one of them could be made under any plan). Each of
-    ``guides`` (node masks of recomputed nodes, or None) gives each value one window; windows
-    alike are given once, and a plan offloads a value in one of its windows at most. A plan whose
-    recomputed copy would read the value before its copy back is under way cannot offload it:
-    ``conflicts`` name those readers, and the programs forbid the pair exactly (a copy made by
-    the step before the copy back). Each direction carries its copies in order; for every run of spans
-    i..j, the copies of the values of those spans must fit in ``share`` of the seconds between
-    the latest start and the earliest end any of them is allowed: then, copied in order, each
-    ends in its window (the rows are sufficient, not necessary). Candidates: saved values that
+    made), so each of ``guides`` gives each value one window: a node mask of the nodes a plan
+    recomputes, whose copies' reads the window follows, or None, the first direct reader (for
+    a value only recomputed copies read, the earliest step one of them could be made under any
+    plan). Windows alike are given once, and a plan offloads a value in one of its windows at
+    most. A plan whose recomputed copy would read the value before its copy back is under way
+    cannot offload it: ``conflicts`` name those readers, and the programs forbid the pair
+    exactly (a copy made by the step before the copy back). Each direction carries its copies
+    in order; for every run of spans i..j, the copies of the values of those spans must fit in
+    ``share`` of the seconds between the latest start and the earliest end any of them is
+    allowed: then, copied in order, each ends in its window (the rows are sufficient, not
+    necessary). Candidates: saved values that
     :func:`planner.emit.offloadable` allows, of at least ``min_bytes``, read by the backward and
     not kept by the caller; none where the graph runs several times before its backward.
     """

@@ -305,9 +305,8 @@ class OffloadWindows:
     def offloads(self, n: int, chosen: np.ndarray) -> Offloads:
         """The :class:`Offloads` of the candidates in ``chosen`` (a mask over candidates) in a
         problem of ``n`` nodes."""
-        picked = self.nodes[np.asarray(chosen, dtype=bool)]
-        result = Offloads.at_readers(np.isin(np.arange(n), picked))
         where = np.asarray(chosen, dtype=bool)
+        result = Offloads.at_readers(np.isin(np.arange(n), self.nodes[where]))
         result.freed_after[self.nodes[where]] = self.freed_after[where]
         result.back_from[self.nodes[where]] = self.back_from[where]
         return result

@@ -87,13 +87,12 @@ class PeakRows:
             self.every_step += [(int(self.svar[e]), float((s.repeats - 1) * problem.nbytes[e])) for e in kept]
         # offload variables (windows, columns): a chosen value is off the device after its
         # forward wait and before its copy back starts (solvers.offload)
-        self.offload = None
+        self.away_after: list[tuple[int, int, float]] = []  # (forward wait, column, bytes) per window
+        self.away_until: dict[int, list[tuple[int, int]]] = {}  # node -> (copy back's step, column) per window
         if offload is not None:
             windows, cols = offload
-            self.offload = (windows.freed_after, windows.back_from, [int(c) for c in cols],
-                            problem.nbytes[windows.nodes].astype(float))
-            self.away_until: dict[int, list[tuple[int, int]]] = {}  # node -> (copy back's step, column) per window
-            for v, b, c in zip(windows.nodes, windows.back_from, cols):
+            for v, f, b, c in zip(windows.nodes, windows.freed_after, windows.back_from, cols):
+                self.away_after.append((int(f), int(c), float(problem.nbytes[v])))
                 self.away_until.setdefault(int(v), []).append((int(b), int(c)))
 
     def add(self, build: RowBuilder, forward_steps, backward_steps, limit: "Limit") -> None:
@@ -116,9 +115,7 @@ class PeakRows:
             coef = float(nbytes[e]) - (float(s.transient[e]) if live else 0.0)
             if self.svar[e] >= 0 and coef:
                 terms.append((int(self.svar[e]), coef))
-        if self.offload is not None:
-            freed, _, cols, size = self.offload
-            terms += [(cols[k], -size[k]) for k in np.flatnonzero(freed < f)]
+        terms += [(col, -size) for freed, col, size in self.away_after if freed < f]
         return const, terms
 
     def made(self, build: RowBuilder, tau: int, cache: dict) -> dict[int, int]:
@@ -164,8 +161,7 @@ class PeakRows:
             # copies of readers of e that read it at t or later: each keeps e alive at t
             later = [c for w in self.cons[e] for c in self._reads_at(t, int(w), made_before, reading)]
             # the windows of e's offloads that have it off the device at t
-            away = [c for b, c in self.away_until.get(e, [])] if self.offload is not None else []
-            away = [c for b, c in self.away_until.get(e, []) if t < b] if away else []
+            away = [c for b, c in self.away_until.get(e, ()) if t < b]
             for present, size in ((self.svar[e], nbytes[e]), (made_now.get(e, -1), s.copy_bytes[e])):
                 if present < 0 or not size:
                     continue
