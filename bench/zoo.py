@@ -53,7 +53,11 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
     def record(row: dict, run, model, details=dict) -> None:
         params = list(model.parameters())
         start = time.perf_counter()
-        row.update(measure(run, params, batch, args.steps), first_step_seconds=time.perf_counter() - start)
+        try:
+            row.update(measure(run, params, batch, args.steps), first_step_seconds=time.perf_counter() - start)
+        except Exception as err:  # noqa: BLE001  (said in the table; the other methods still run)
+            failed(row, err)
+            return
         row.update(details())
         kept.append((run, params))
         mine.append({"model": name, **row})
@@ -61,6 +65,16 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
         save()
         print(_row(mine[-1]), flush=True)
         print(_forward_line(mine[-1]), flush=True)
+
+    def failed(row: dict, err: Exception) -> None:
+        """A method whose step raised: its row says why (the last line of the error), holds no
+        figures, and is not timed again; a compiler's failure on a model is a finding, not a
+        reason to stop measuring the others."""
+        reason = (str(err).strip().splitlines() or [""])[-1][:300]
+        rows.append({"model": name, **row, "error": f"{type(err).__name__}: {reason}"})
+        save()
+        print(f"| {name} | {row['method']} at {budget_text(row)}: failed, {rows[-1]['error']} |", flush=True)
+        torch.cuda.empty_cache()
 
     def out_of_time(what: str) -> bool:
         """Past ``--max-seconds``: ``what`` is skipped (said), so the run keeps time to retime
@@ -161,7 +175,8 @@ def _row(row: dict) -> str:
             f"| {fmt('step_ms', spec='.1f')} | {fmt('kernel_ms', spec='.1f')} | {fmt('launches', spec='.0f')} "
             f"| {fmt('host_ms', spec='.1f')} "
             f"| {fmt('predicted_peak_bytes', GIB)} | {row.get('graphs', '-')} "
-            f"| {row.get('estimator') or '-'} | {fmt('plan_seconds', spec='.1f')} | {row.get('status') or '-'} |")
+            f"| {row.get('estimator') or '-'} | {fmt('plan_seconds', spec='.1f')} "
+            f"| {row.get('status') or ('failed' if row.get('error') else '-')} |")
 
 
 def _forward_line(row: dict) -> str:
@@ -183,12 +198,13 @@ def targets(rows: list[dict], slack: float = 1.01) -> list[str]:
     (c) planner at 0: peak <= the library's checkpointing, step <= 1.3x torch.compile 1.0's;
     (d) predicted peak within 3% of measured at every planner point.
     """
+    lines = [f"{r['method']} at {budget_text(r)} failed: {r['error']}" for r in rows if r.get("error")]
+    rows = [r for r in rows if not r.get("error")]
     by = {(r["method"], r.get("budget") if r.get("matched") is None else ("matched", r["matched"])): r for r in rows}
     torch_rows = [r for r in rows if r["method"] == "torch.compile"]
     ours = [r for r in rows if r["method"] == "planner"]
     ref, one, zero = by.get(("torch.compile", 1.0)), by.get(("planner", 1.0)), by.get(("planner", 0.0))
     ckpt = by.get(("library checkpointing", None))
-    lines = []
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "NOT met"

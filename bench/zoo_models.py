@@ -62,17 +62,18 @@ def _gpt2(size: str):
     return _CausalLM(GPT2LMHeadModel(cfg)), _tokens(batch, seq, vocab)
 
 
-def _decoder(size: str, family: str, bench: tuple, head_dim: int | None = None) -> tuple:
+def _decoder(size: str, family: str, bench: tuple, head_dim: int | None = None, **config) -> tuple:
     """A Llama-style transformers decoder (``LlamaForCausalLM``, ``Qwen2ForCausalLM``...) of
     ``bench = (layers, d, heads, kv heads, ffn, seq, batch, vocab)`` or the tiny size; ``head_dim``
-    for families that do not derive it from ``d / heads`` (Gemma), at the bench size."""
+    for families that do not derive it from ``d / heads`` (Gemma), at the bench size; ``config``:
+    the family's own settings, at both sizes."""
     import transformers
 
     layers, d, heads, kv, ffn, seq, batch, vocab = bench if size == "bench" else (2, 64, 4, 2, 128, 32, 2, 128)
     extra = {} if head_dim is None else {"head_dim": head_dim if size == "bench" else d // heads}
     cfg = getattr(transformers, f"{family}Config")(
         num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
-        intermediate_size=ffn, max_position_embeddings=seq, vocab_size=vocab, **extra)
+        intermediate_size=ffn, max_position_embeddings=seq, vocab_size=vocab, **extra, **config)
     return _CausalLM(getattr(transformers, f"{family}ForCausalLM")(cfg)), _tokens(batch, seq, vocab)
 
 
@@ -275,6 +276,46 @@ def _gptneo(size: str):
     return _CausalLM(GPTNeoForCausalLM(cfg)), _tokens(batch, seq, vocab)
 
 
+def _granite(size: str):
+    """Llama-style, with the scalings of Granite 3: the embedding x12, every residual branch x0.22,
+    the attention scores x1/64, the logits /8."""
+    return _decoder(size, "Granite", (6, 1024, 16, 8, 2816, 2048, 4, 8192), embedding_multiplier=12.0,
+                    residual_multiplier=0.22, attention_multiplier=1 / 64, logits_scaling=8.0)
+
+
+def _mpt(size: str):
+    """ALiBi biases, no biases in the linear layers, eager attention."""
+    from transformers import MptConfig, MptForCausalLM
+
+    layers, d, heads, seq, batch, vocab = (6, 1024, 16, 2048, 4, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = MptConfig(n_layers=layers, d_model=d, n_heads=heads, max_seq_len=seq, vocab_size=vocab)
+    return _CausalLM(MptForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _codegen(size: str):
+    """Attention and MLP side by side, one fused qkv projection split in four model-parallel
+    groups, rotary on part of each head."""
+    from transformers import CodeGenConfig, CodeGenForCausalLM
+
+    layers, d, heads, seq, batch, vocab = (6, 1024, 16, 2048, 4, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = CodeGenConfig(n_layer=layers, n_embd=d, n_head=heads, rotary_dim=d // heads // 2, n_positions=seq,
+                        n_ctx=seq, vocab_size=vocab, bos_token_id=0, eos_token_id=0)
+    return _CausalLM(CodeGenForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _modernbert(size: str):
+    """Global attention every third layer and local (128) attention between, rotary, GeGLU,
+    no biases."""
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    layers, d, heads, ffn, seq, batch, vocab = ((6, 768, 12, 1152, 1024, 8, 8192) if size == "bench"
+                                                else (3, 64, 4, 96, 32, 2, 128))
+    cfg = ModernBertConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=ffn,
+                           max_position_embeddings=seq, vocab_size=vocab, local_attention=128 if size == "bench" else 8,
+                           pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    return _CausalLM(ModernBertForMaskedLM(cfg)), _tokens(batch, seq, vocab)
+
+
 def _timm(arch: str, bench_batch: int, tiny: dict, tiny_arch: str | None = None):
     """``arch`` at the bench size; at the tiny size ``tiny_arch`` (the same family, smaller) or
     ``arch`` itself, built with the ``tiny`` keywords."""
@@ -361,6 +402,23 @@ MODELS: dict[str, ZooModel] = {
     "fastvit": ZooModel(_timm("fastvit_t8", 64, {}), "timm", "fastvit_t8, batch 64"),
     "cait": ZooModel(_timm("cait_xxs24_224", 64, {"img_size": 32, "patch_size": 8, "depth": 2}), "timm",
                      "cait_xxs24_224 (class attention, layer scale), batch 64"),
+    # a seventh round, measured before any change for them
+    "granite": ZooModel(_granite, "transformers", "GraniteForCausalLM, 6 layers, d 1024, 16 heads / 8 kv, ffn 2816, "
+                        "seq 2048, batch 4, vocab 8192, Granite 3's multipliers"),
+    "mpt": ZooModel(_mpt, "transformers", "MptForCausalLM (ALiBi), 6 layers, d 1024, 16 heads, seq 2048, batch 4, vocab 8192"),
+    "codegen": ZooModel(_codegen, "transformers",
+                        "CodeGenForCausalLM, 6 layers, d 1024, 16 heads, seq 2048, batch 4, vocab 8192"),
+    "modernbert": ZooModel(_modernbert, "transformers", "ModernBertForMaskedLM, 6 layers, d 768, ffn 1152, seq 1024 "
+                           "(local 128), batch 8, vocab 8192"),
+    "beit": ZooModel(_timm("beit_base_patch16_224", 64, {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2,
+                                                         "num_heads": 4}),
+                     "timm", "beit_base_patch16_224 (relative position biases, layer scale), batch 64"),
+    "coatnet": ZooModel(_timm("coatnet_0_rw_224", 64, {"img_size": 64}, tiny_arch="coatnet_nano_rw_224"), "timm",
+                        "coatnet_0_rw_224 (MBConv stages, then relative-position attention), batch 64"),
+    "hiera": ZooModel(_timm("hiera_tiny_224", 64, {"img_size": 64, "embed_dim": 32, "num_heads": 1, "stages": (1, 1, 1, 1)}),
+                      "timm",
+                      "hiera_tiny_224 (mask units, pooled queries), batch 64"),
+    "mobilenetv4": ZooModel(_timm("mobilenetv4_conv_medium", 128, {}), "timm", "mobilenetv4_conv_medium, batch 128"),
 }
 
 

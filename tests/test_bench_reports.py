@@ -176,6 +176,18 @@ def test_zoo_target_c_without_library_checkpointing_is_the_time_alone():
     assert next(line for line in zoo_targets(rows) if line.startswith("(c)")).startswith("(c) NOT met for the time alone")
 
 
+def test_a_method_that_failed_is_named_in_the_targets_and_left_out_of_them():
+    from bench.zoo import _row, targets as zoo_targets
+
+    rows = [{"model": "m", "method": "torch.compile", "budget": 1.0, "error": "RuntimeError: (*bias): last dimension"},
+            {"model": "m", "method": "planner", "budget": 0.0, "peak_activation_bytes": 40, "step_ms": 12.0,
+             "predicted_peak_bytes": 40}]
+    lines = zoo_targets(rows)
+    assert lines[0] == "torch.compile at 1 failed: RuntimeError: (*bias): last dimension"
+    assert not any(line.startswith(("(a)", "(c)")) for line in lines)  # nothing to compare with
+    assert "(b) met: 0 of 0" in "\n".join(lines) and "(d) met" in "\n".join(lines)
+    assert _row(rows[0]).endswith("| failed |") and "| - | - |" in _row(rows[0])
+
 def test_a_model_whose_library_has_no_checkpointing_says_so(monkeypatch):
     import torch.nn as nn
 
