@@ -155,6 +155,18 @@ def has_custom_partitioner_hook() -> bool:
     return hasattr(inductor_config, "custom_partitioner_fn")
 
 
+# Inductor stores a pointwise value that several kernels read once its expression (its inlined
+# producers too) takes more than ``realize_opcount_threshold`` ops (30 on a GPU; 50 on the CPU
+# in 2.13): the memory model counts stored reads only (planner.memory.REALIZE_READS), so in
+# planned graphs the bar is raised to inductor's own guard against runaway expressions (100
+# ops, which it applies to every pointwise value whatever this setting). On an H200, MPT's
+# recomputed softmax (scores less the row max, over the sum, with its ALiBi biases and causal
+# mask built from positions inline: some 35 ops) was stored in float32 for the softmax's
+# backward, 1 GiB a layer at batch 4 that the model had fused (budget 0: 1.770 GiB predicted,
+# 2.303 measured).
+REALIZE_OPCOUNT = 100
+
+
 def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Callable,
                      options: dict[str, Any] | None = None, fusions: Any = None) -> Callable:
     """Compile a dynamo graph with inductor, using ``partition_fn`` to split the joint graph.
@@ -205,6 +217,7 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
         own["_pre_fusion_custom_pass"] = fusion_distance_guard(counts=fusions)
     if hasattr(inductor_config, "reorder_for_peak_memory"):
         own["reorder_for_peak_memory"] = False
+    own["realize_opcount_threshold"] = REALIZE_OPCOUNT
     unknown = sorted(k for k in options or {} if not hasattr(inductor_config, k))
     if unknown:
         from planner.errors import ConfigError
