@@ -1,6 +1,6 @@
 """How planned graphs are compiled, against PyTorch's: each difference toggled on its own.
 
-Per zoo model at budget 1.0, in one process on one GPU (bf16), timed interleaved at the end as
+Per zoo model at budget 1.0 (the planner's at ``--budget``), in one process on one GPU (bf16), timed interleaved at the end as
 ``bench/zoo.py`` does:
 
 - ``torch.compile``: stock, PyTorch's partitioner and inductor's own settings;
@@ -32,7 +32,9 @@ OPTIONS = ["allow_buffer_reuse=True", "reorder_for_peak_memory=True"]
 
 def _parse(option: str) -> tuple[str, object]:
     key, _, value = option.partition("=")
-    return key, {"True": True, "False": False}.get(value, value)
+    if value.lstrip("-").isdigit():
+        return key, int(value)
+    return key, {"True": True, "False": False, "None": None}.get(value, value)
 
 
 def variants(args) -> list[tuple[str, object]]:
@@ -48,7 +50,7 @@ def variants(args) -> list[tuple[str, object]]:
         return torch.compile(planner.own_frame(model), backend=split)
 
     def planned(**options):
-        return lambda model: planner.compile(model, memory_budget=1.0, time_limit=args.time_limit,
+        return lambda model: planner.compile(model, memory_budget=args.budget, time_limit=args.time_limit,
                                              inductor_options=options)
 
     found = [("torch.compile", lambda model: torch.compile(planner.own_frame(model))),
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["resnet50", "llama"])
     parser.add_argument("--options", nargs="*", default=OPTIONS, help="inductor settings to try one at a time")
+    parser.add_argument("--budget", type=float, default=1.0, help="the planner's budget (torch.compile's stays 1.0)")
     parser.add_argument("--kernels", action="store_true", help="profile one step of torch.compile and the planner")
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--steps", type=int, default=10)

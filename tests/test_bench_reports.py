@@ -240,3 +240,12 @@ def test_plan_time_bench_times_the_parts_and_a_cold_plan_and_leaves_the_cache_se
     assert os.environ["ACPLAN_CACHE_DIR"] == str(tmp_path / "mine")  # the cold plan's cache was its own
     assert not (tmp_path / "mine").exists()
     assert "| bert |" in capsys.readouterr().out
+
+
+def test_compile_variants_reads_inductor_settings_as_their_types():
+    from bench.compile_variants import _parse
+
+    assert _parse("realize_opcount_threshold=30") == ("realize_opcount_threshold", 30)
+    assert _parse("allow_buffer_reuse=True") == ("allow_buffer_reuse", True)
+    assert _parse("realize_opcount_threshold=None") == ("realize_opcount_threshold", None)
+    assert _parse("cpp.simdlen=-1") == ("cpp.simdlen", -1)
