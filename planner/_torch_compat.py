@@ -181,6 +181,9 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     (:func:`fusion_distance_guard`; the memory model follows it, see
     :func:`planner.memory.far_epilogues`).
 
+    A pointwise value several kernels read is stored only past :data:`REALIZE_OPCOUNT` ops of
+    its expression, as the memory model assumes (``realize_opcount_threshold``).
+
     Inductor's buffer pool is turned off too (``allow_buffer_reuse``; in-place kernels stay):
     it keeps a dead buffer alive until a later buffer of the same size takes it over, which in
     a frugal plan's backward held three 128 MiB MLP buffers of one layer through the next
