@@ -157,14 +157,15 @@ def has_custom_partitioner_hook() -> bool:
 
 # Inductor stores a pointwise value that several kernels read once its expression (its inlined
 # producers too) takes more than ``realize_opcount_threshold`` ops (30 on a GPU; 50 on the CPU
-# in 2.13): the memory model counts stored reads only (planner.memory.REALIZE_READS), so in
-# planned graphs the bar is raised to inductor's own guard against runaway expressions (100
-# ops, which it applies to every pointwise value whatever this setting). On an H200, MPT's
-# recomputed softmax (scores less the row max, over the sum, with its ALiBi biases and causal
-# mask built from positions inline: some 35 ops) was stored in float32 for the softmax's
-# backward, 1 GiB a layer at batch 4 that the model had fused (budget 0: 1.770 GiB predicted,
-# 2.303 measured).
-REALIZE_OPCOUNT = 100
+# in 2.13); the memory model counts stored reads only (planner.memory.REALIZE_READS). On an
+# H200, MPT's recomputed softmax (scores less the row max, over the sum, with its ALiBi biases
+# and causal mask built from positions inline: 31 ops, counted by inductor on the CPU) was
+# stored in float32 for the softmax's backward, 1 GiB a layer at batch 4 that the model had
+# fused (budget 0: 1.770 GiB predicted, 2.303 measured). Planned graphs take the CPU's bar on
+# every device: no higher, since a value read twice at every step of a pointwise chain is
+# evaluated 2**depth times while it stays inlined (a 10-step chain took stock inductor 23 s to
+# compile on the CPU), and inductor's guard against that stops inlining at 100 ops only.
+REALIZE_OPCOUNT = 50
 
 
 def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Callable,
