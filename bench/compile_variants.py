@@ -1,7 +1,7 @@
 """How planned graphs are compiled, against PyTorch's: each difference toggled on its own.
 
-Per zoo model at budget 1.0 (the planner's at ``--budget``), in one process on one GPU (bf16), timed interleaved at the end as
-``bench/zoo.py`` does:
+Per zoo model at budget 1.0 (the planner's at ``--budget``), in one process on one GPU (bf16),
+timed interleaved at the end as ``bench/zoo.py`` does:
 
 - ``torch.compile``: stock, PyTorch's partitioner and inductor's own settings;
 - ``torch split, planner settings``: PyTorch's partitioner compiled through the planner's path

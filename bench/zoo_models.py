@@ -405,7 +405,8 @@ MODELS: dict[str, ZooModel] = {
     # a seventh round, measured before any change for them
     "granite": ZooModel(_granite, "transformers", "GraniteForCausalLM, 6 layers, d 1024, 16 heads / 8 kv, ffn 2816, "
                         "seq 2048, batch 4, vocab 8192, Granite 3's multipliers"),
-    "mpt": ZooModel(_mpt, "transformers", "MptForCausalLM (ALiBi), 6 layers, d 1024, 16 heads, seq 2048, batch 4, vocab 8192"),
+    "mpt": ZooModel(_mpt, "transformers",
+                    "MptForCausalLM (ALiBi), 6 layers, d 1024, 16 heads, seq 2048, batch 4, vocab 8192"),
     "codegen": ZooModel(_codegen, "transformers",
                         "CodeGenForCausalLM, 6 layers, d 1024, 16 heads, seq 2048, batch 4, vocab 8192"),
     "modernbert": ZooModel(_modernbert, "transformers", "ModernBertForMaskedLM, 6 layers, d 768, ffn 1152, seq 1024 "
@@ -415,9 +416,9 @@ MODELS: dict[str, ZooModel] = {
                      "timm", "beit_base_patch16_224 (relative position biases, layer scale), batch 64"),
     "coatnet": ZooModel(_timm("coatnet_0_rw_224", 64, {"img_size": 64}, tiny_arch="coatnet_nano_rw_224"), "timm",
                         "coatnet_0_rw_224 (MBConv stages, then relative-position attention), batch 64"),
-    "hiera": ZooModel(_timm("hiera_tiny_224", 64, {"img_size": 64, "embed_dim": 32, "num_heads": 1, "stages": (1, 1, 1, 1)}),
-                      "timm",
-                      "hiera_tiny_224 (mask units, pooled queries), batch 64"),
+    "hiera": ZooModel(_timm("hiera_tiny_224", 64, {"img_size": 64, "embed_dim": 32, "num_heads": 1,
+                                                   "stages": (1, 1, 1, 1)}),
+                      "timm", "hiera_tiny_224 (mask units, pooled queries), batch 64"),
     "mobilenetv4": ZooModel(_timm("mobilenetv4_conv_medium", 128, {}), "timm", "mobilenetv4_conv_medium, batch 128"),
 }
 

@@ -188,6 +188,7 @@ def test_a_method_that_failed_is_named_in_the_targets_and_left_out_of_them():
     assert "(b) met: 0 of 0" in "\n".join(lines) and "(d) met" in "\n".join(lines)
     assert _row(rows[0]).endswith("| failed |") and "| - | - |" in _row(rows[0])
 
+
 def test_a_model_whose_library_has_no_checkpointing_says_so(monkeypatch):
     import torch.nn as nn
 

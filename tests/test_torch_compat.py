@@ -241,9 +241,6 @@ def test_a_graph_module_made_lazily_runs_as_one_made_at_once():
     assert "tanh" in lazy.code  # its code is written when read
 
 
-LEVELS = 40
-
-
 class _LongExpression(torch.nn.Module):
     """A product, then a pointwise chain of 40 ops (no ``exp``, which the CPU stores on reuse
     anyway; no fan-out, whose inlined expressions grow exponentially) that two reductions over
@@ -256,7 +253,7 @@ class _LongExpression(torch.nn.Module):
     def forward(self, x):
         h = x @ self.w
         y = h
-        for _ in range(LEVELS):
+        for _ in range(40):
             y = y.sin()
         return y.sum(0).square().sum() + y.amax(1).sum()
 
@@ -279,4 +276,4 @@ def test_planned_graphs_compute_a_long_expression_in_each_reader_as_the_memory_m
         _, (forward, *_) = run_and_get_code(lambda: plan.module(x).backward())
     assert forward.count("empty_strided_cpu((128, 48)") == 1  # the product alone
     timeline = plan.timeline
-    assert max(b for phase, _, b in timeline.steps if phase == "forward") <= 2 * 128 * 48 * 4 + 4096
+    assert max(b for phase, _, b in timeline.steps if phase == "forward") < 2 * 128 * 48 * 4  # one such buffer
