@@ -479,6 +479,17 @@ def inductor_calls_library(target: Any) -> bool:
     return target in lowering.fallbacks or target not in lowering.lowerings or target in convolutions
 
 
+def online_softmax(device_type: str) -> bool:
+    """Whether inductor computes a softmax's row max and sum in one reduction on ``device_type``
+    (its ``online_softmax``: a post-grad pattern, applied for Triton kernels on CUDA and XPU, that
+    reads the input once for both and leaves ``exp`` to the softmax's other readers)."""
+    from torch._inductor import config as inductor_config
+
+    if device_type not in ("cuda", "xpu") or not getattr(inductor_config, "online_softmax", False):
+        return False
+    return getattr(inductor_config, f"{device_type}_backend", "triton") == "triton"
+
+
 def inductor_fixes_layout(target: Any) -> bool:
     """Inductor lowers ``target`` with a layout constraint on its tensor inputs (its lowering
     table's, or a layout tag on the op): the op's ``require_stride_order`` lays out each input

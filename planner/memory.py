@@ -68,7 +68,7 @@ import torch.fx as fx
 
 from planner.graph import JointGraph, placed_order
 from planner.offload_ops import OFFLOAD
-from planner.ops import (aliased_input, first_tensor, is_getitem, is_random, replays_as_traced, storage_bytes,
+from planner.ops import (aliased_input, is_getitem, is_random, replays_as_traced, storage_bytes,
                          written_input)
 from planner.schedule import Schedule
 from planner.workspace import workspace_bytes
@@ -141,20 +141,24 @@ def _shared_input(node: fx.Node) -> fx.Node | None:
 
 
 # Within one simulate() or build_schedule(): the readers, leaf reads, kernels, persistent
-# epilogues and constant expressions of nodes of graphs that do not change while it walks them,
-# each found once (on ResNet-50's emitted modules they were found again ~10^5 times); per
-# thread, as a table each in ``_seen.maps``, None outside a walk
+# epilogues, constant expressions and inputs not written in place of nodes of graphs that do
+# not change while it walks them, each found once (on ResNet-50's emitted modules they were
+# found again ~10^5 times); per thread, as a table each in ``_seen.maps``, None outside a walk
 _seen = threading.local()
 
 
 @contextmanager
 def _graphs_unchanged():
     outer = getattr(_seen, "maps", None)
-    _seen.maps = outer if outer is not None else ({}, {}, {}, {}, {})
+    _seen.maps = outer if outer is not None else _empty_maps()
     try:
         yield
     finally:
         _seen.maps = outer
+
+
+def _empty_maps() -> tuple[dict, ...]:
+    return ({}, {}, {}, {}, {}, {})
 
 
 def _seen_or_found(table: int, key: object, find):
@@ -180,9 +184,39 @@ def _readers(node: fx.Node) -> list[fx.Node]:
             if written_input(user) is node:
                 found.append(user)  # an in-place op reads what it writes
             found.extend(readers(user))
-        else:
+        elif not online_softmax_sum(user):
             found.append(user)
     return found
+
+
+_SUM, _AMAX, _SUB, _EXP = (torch.ops.aten.sum.dim_IntList, torch.ops.aten.amax.default, torch.ops.aten.sub.Tensor,
+                           torch.ops.aten.exp.default)
+
+
+def online_softmax_sum(node: fx.Node) -> bool:
+    """``node`` sums ``exp(x - amax(x))`` over the dims of the max, both kept, on a device where
+    inductor computes that row max and sum in one reduction of ``x`` (its online softmax,
+    :func:`planner._torch_compat.online_softmax`): ``node`` does not read the ``exp``, which is
+    computed only in its other readers (the softmax's division).
+
+    On an H200 (torch 2.11) GPT-Neo's float32 softmax (rows of 2048) stored no ``exp``: its
+    expression reads five stored inputs (the scores, the causal mask, two positions indexed out
+    of a sum, the row max), which the memory model had taken as stored for its two readers, 256
+    MiB a layer at batch 1."""
+    if node.target is not _SUM or len(node.args) < 3 or node.args[2] is not True:
+        return False
+    exp = node.args[0]
+    if not (isinstance(exp, fx.Node) and exp.target is _EXP and isinstance(sub := exp.args[0], fx.Node)
+            and sub.target is _SUB and isinstance(amax := sub.args[1], fx.Node) and amax.target is _AMAX):
+        return False
+    if amax.args[0] is not sub.args[0] or list(amax.args[1]) != list(node.args[1]) or amax.args[2:3] != (True,):
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return False
+    from planner._torch_compat import online_softmax
+
+    return online_softmax(val.device.type)
 
 
 def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool, far: Collection[fx.Node] = ()) -> int:
@@ -220,7 +254,7 @@ def kernel_steps(order: list[fx.Node], fuse: bool, far: Collection[fx.Node] = ()
             if _inlined(node, reading, far):
                 steps[node] = max(steps[r] for r in reading)
             elif (fusible(node) and not all(_leaves_unstored(r) for r in reading)
-                  and len(_leaf_reads(node, depth=8)) <= REALIZE_READS):
+                  and len(_leaf_reads(node, _OWN_DEPTH)) <= REALIZE_READS):
                 lowered_first = takewhile(_leaves_unstored, sorted(reading, key=where.__getitem__))
                 steps[node] = max([steps[node], *(steps[r] for r in lowered_first)])
     return steps
@@ -236,13 +270,15 @@ def _inlined(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = (
     :func:`laid_out_for_replay`) is stored."""
     if accumulated_product(node, reading) or (node not in far and epilogue_reduction(node, reading)):
         return True
+    if not reading and node.users and all(online_softmax_sum(user) for user in node.users):
+        return True  # an ``exp`` only the online softmax's reduction reads: computed nowhere
     if _name(node.target) in _RANDOM_VALUES:
         return random_in_one_kernel(node, far)
     if not ((fusible(node) or reads_nothing(node)) and reading and all(_leaves_unstored(r) for r in reading)):
         return False
     if any(_name(user.target) == _AS_TRACED for user in node.users):  # stored where it is made (laid_out_for_replay)
         return False
-    leaves = len(_leaf_reads(node, depth=8))
+    leaves = len(_leaf_reads(node, _OWN_DEPTH))
     if leaves > 1 and any(copies_inputs(r) for r in reading):
         return False  # stored for the library kernel reading it (inductor's realize_hint)
     return one_kernel(reading, far) or leaves <= REALIZE_READS
@@ -573,24 +609,77 @@ def _leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
     stored inputs itself; past that inductor stores it, and it is one read. On ConvNeXt's
     backward a layer norm's gradient (reading 8 inputs) is stored, and the residual gradient
     summed over the blocks after it (3 reads) stays inlined: each block's gradient stays alive
-    to the stage's end (73.5 MiB at budget 0 on an H100, where the model had stored the sum)."""
+    to the stage's end (73.5 MiB at budget 0 on an H100, where the model had stored the sum).
+
+    Whether a producer is inlined is counted from the producer (inductor decides it as it lowers
+    the producer), not from how deep the walk has come: on an H200, CodeGen's recomputed softmax
+    gradient read the stored probabilities and one more input, and was inlined into its two
+    readers, where the walk from it, stopped short inside the probabilities' mask, had counted
+    four inputs for them instead of five, inlined them and so counted five for the gradient
+    (1 GiB a layer at batch 4, stored in the model and not by inductor)."""
+    maps = getattr(_seen, "maps", None)
+    if maps is None:  # memoised for this call alone: the graph does not change while it runs
+        _seen.maps = _empty_maps()
+        try:
+            return _leaf_reads(node, depth)
+        finally:
+            _seen.maps = None
+    if (node, _OWN_DEPTH) not in maps[1]:
+        _own_reads_first(node, maps[1])
     return _seen_or_found(1, (node, depth), lambda: _find_leaf_reads(node, depth))
+
+
+_OWN_DEPTH = 8  # how deep a producer's own stored reads are looked for
+
+
+def _walked_producer(inp: fx.Node) -> fx.Node | None:
+    """The producer :func:`_find_leaf_reads` may look into for input ``inp`` (through views), or None."""
+    producer = storage_root(inp)
+    if reads_nothing(producer) or not fusible(producer) or not all(fuses_producers(r) for r in readers(producer)):
+        return None
+    return producer
+
+
+def _inlined_producer(node: fx.Node) -> bool:
+    """A pointwise producer inductor computes inside the kernels reading it: they are one kernel,
+    or it reads at most ``REALIZE_READS`` stored inputs of its own."""
+    return _walked_producer(node) is not None and (one_kernel(readers(node))
+                                                   or len(_leaf_reads(node, _OWN_DEPTH)) <= REALIZE_READS)
+
+
+def _own_reads_first(node: fx.Node, known: dict) -> None:
+    """Find the own stored reads (at :data:`_OWN_DEPTH`) of ``node`` and of the producers a walk
+    from it may look into, producers first, with a stack: each then finds its producers' counts
+    found, and no recursion runs as deep as a chain of producers (a residual stream is as deep
+    as the model)."""
+    order, visited, stack = [], set(), [(node, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+            continue
+        if n in visited or (n, _OWN_DEPTH) in known:
+            continue
+        visited.add(n)
+        stack.append((n, True))
+        for inp in n.all_input_nodes:
+            producer = _walked_producer(inp)
+            if producer is not None and producer not in visited:
+                stack.append((producer, False))
+    for n in order:
+        if (n, _OWN_DEPTH) not in known:
+            known[(n, _OWN_DEPTH)] = _find_leaf_reads(n, _OWN_DEPTH)
 
 
 def _find_leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
     leaves: set[fx.Node] = set()
     for inp in node.all_input_nodes:
-        producer = inp
-        while _shared_input(producer) is not None:
-            producer = _shared_input(producer)
+        producer = storage_root(inp)
         if reads_nothing(producer):
             continue
-        reading = readers(producer)
-        if depth > 0 and fusible(producer) and all(fuses_producers(r) for r in reading):
-            inner = _leaf_reads(producer, depth - 1)
-            if one_kernel(reading) or len(inner) <= REALIZE_READS:
-                leaves |= inner
-                continue
+        if depth > 0 and _inlined_producer(producer):
+            leaves |= _leaf_reads(producer, depth - 1)
+            continue
         leaves.add(producer)
     return frozenset(leaves)
 
@@ -634,57 +723,89 @@ def _reads_nothing(node: fx.Node) -> bool:
     return True
 
 
-def fused_reduction_reads(writer: fx.Node, depth: int = 12) -> frozenset[fx.Node]:
-    """On a GPU, the storages (their :func:`storage_root`) of ``writer``'s size that reductions
-    inductor fuses into the kernel computing ``writer`` read: reductions its expression reaches
-    through generated ops, over as many elements as ``writer`` has (rows it reads back in the
-    same kernel, as a softmax, a cross entropy or a layer norm backward does). The memory model
-    counts no kernel writing its output in place into them. Inductor writes in place into an
-    input that no other node of the kernel still has to read (its ``decide_inplace_update``), and
-    when a looped reduction's input is one of those is not modelled more finely than this: on an
-    H200 (torch 2.11) a cross entropy's backward, recomputing the row max and sum of the saved
-    logits, wrote the logits' gradient into a new buffer beside them (GPT-NeoX at budget 0:
-    128 MiB, measured 328.0 MiB against 298.7 predicted without the rule), and GPT-Neo's plans
-    (eager attention over rows of 2048) are predicted within 2% with the rule and 6-23% under
-    without it. But the same torch wrote in place in kernels of this kind elsewhere (PyTorch's own
-    split of GPT-Neo, its softmax and softmax gradient; a cross entropy whose row max and sum a
-    checkpoint recomputes), where this model counts a new buffer (``docs/inplace-gptneo-h200.md``).
+def not_written_in_place(writer: fx.Node, depth: int = 12) -> frozenset[fx.Node]:
+    """The stored inputs (their :func:`storage_root`) that the kernel computing ``writer`` reads
+    but cannot write ``writer`` into, though one may be of its size and read last there: inputs
+    of another dtype, and inputs the kernel reads at another index than the one it writes.
 
-    Only a reduction over rows longer than :data:`PERSISTENT_RNUMEL` counts: inductor loops over
-    such a row and reads it again after the reduction, where it reads a shorter row once, for the
-    reduction and the output both (a persistent reduction). On an H200 a DeBERTa plan at budget 0
-    measured 0.462 GiB, as predicted with its softmax backward (rows of 512) writing into its
-    input in place; counting those writes barred, the plan made instead held 0.527. Inductor's
-    CPU code writes in place at any length; empty there."""
+    Inductor writes a kernel's output into an input it owns, of the same dtype and storage size,
+    that no later kernel reads (its ``decide_inplace_update``), only where every access to that
+    input inside the fused kernel is the output's own index: the output's read of it, and the
+    reads of the reductions fused with it (their loops normalised, a reduction over a dense
+    input's trailing dimensions reads it at the output's index; one over other dims, a batch
+    norm's channel sums, runs in a kernel of its own, so reductions are not looked into). So a
+    softmax, over rows of any length, writes its probabilities into the scores it reads, and its
+    gradient into the probabilities, and a batch norm's gradient is written into the
+    convolution's output it reads; a copy of a transposed product's output is not written into
+    it.
+
+    Measured by the planner's own graphs compiled on an H200 (torch 2.11), inductor's writes in
+    place read back from its scheduler: at budget 0 on CodeGen, GPT-Neo, MPT, and GPT-NeoX, its
+    looped softmax kernels (rows of 1024 and 2048) and a cross entropy's gradient (rows of 8192)
+    wrote in place, 256 MiB a layer at batch 1 on CodeGen, where the model had counted a buffer
+    beside each (a rule that no kernel fused with a looped reduction writes into what it reads),
+    and the copies of transposed ``bmm`` outputs did not, where the model had written them in.
+    """
+    return _seen_or_found(5, (writer, depth), lambda: _not_written_in_place(writer, depth))
+
+
+def _not_written_in_place(writer: fx.Node, depth: int) -> frozenset[fx.Node]:
     val = writer.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.device.type not in _GPU_TYPES:
+    if not isinstance(val, torch.Tensor):
         return frozenset()
-    numel, found, seen = val.numel(), set(), set()
-    frontier = [(writer, 0)]
-    while frontier:
-        node, d = frontier.pop()
-        for inp in node.all_input_nodes:
-            inp = storage_root(inp)
-            if inp in seen or d >= depth or not generated(inp):
-                continue
-            seen.add(inp)
-            source = inp.args[0] if is_reduction(inp) and inp.args else None
-            if isinstance(source, fx.Node) and _numel(source) == numel and _looped(inp, source):
-                found.update(root for leaf in _leaf_reads(inp, depth=8) if _numel(root := storage_root(leaf)) == numel)
-            frontier.append((inp, d + 1))
-    return frozenset(found)
+    same, other = _indexed_reads(writer, depth)
+    return frozenset(other | {root for root in same if _dtype(root) != val.dtype})
 
 
-def _numel(node: fx.Node) -> int:
+_AT_INDEX, _ELSEWHERE = True, False  # a value read at the writer's own (linear) index, or not
+
+
+def _indexed_reads(writer: fx.Node, depth: int) -> tuple[set[fx.Node], set[fx.Node]]:
+    """The stored inputs ``writer``'s kernel reads at the index it writes, and those it reads
+    (also) at another, looking through views and inlined pointwise producers (as
+    :func:`_leaf_reads` does)."""
+    same: set[fx.Node] = set()
+    other: set[fx.Node] = set()
+    seen: set[tuple] = set()
+    stack = [(inp, writer, _AT_INDEX, 0) for inp in writer.all_input_nodes]
+    while stack:
+        node, consumer, state, d = stack.pop()
+        state = _read_index(node, consumer, state)
+        if (node, state) in seen:
+            continue
+        seen.add((node, state))
+        if (base := _shared_input(node)) is not None:  # a view: its base is read through it
+            stack.append((base, node, state, d))
+        elif reads_nothing(node):
+            continue
+        elif d < depth and _inlined_producer(node):  # not a reduction (see not_written_in_place)
+            stack.extend((inp, node, state, d + 1) for inp in node.all_input_nodes)
+        else:
+            (same if state is _AT_INDEX else other).add(node)
+    return same - other, other
+
+
+def _read_index(node: fx.Node, consumer: fx.Node, state: bool) -> bool:
+    """Whether ``consumer``'s kernel reads ``node`` at the writer's index, given whether
+    ``consumer``'s own value is at it (``state``)."""
+    val, out = node.meta.get("val"), consumer.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return _ELSEWHERE
+    return state and val.numel() == out.numel() and _same_layout(val, out)
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Element k of ``a``'s storage is element k of ``b``'s (same shape and strides, or both
+    contiguous: a reshape)."""
+    if a.is_contiguous() and b.is_contiguous():
+        return True
+    return (tuple(a.shape) == tuple(b.shape)
+            and all(sa == sb for size, sa, sb in zip(a.shape, a.stride(), b.stride()) if size != 1))
+
+
+def _dtype(node: fx.Node) -> torch.dtype | None:
     val = node.meta.get("val")
-    return val.numel() if isinstance(val, torch.Tensor) else -1
-
-
-def _looped(reduction: fx.Node, source: fx.Node) -> bool:
-    """Inductor reduces ``source`` into ``reduction`` over rows longer than :data:`PERSISTENT_RNUMEL`
-    (a multi-output reduction, ``var_mean``, by its first output)."""
-    out = first_tensor(reduction.meta.get("val"))
-    return out is not None and _numel(source) > PERSISTENT_RNUMEL * max(out.numel(), 1)
+    return val.dtype if isinstance(val, torch.Tensor) else None
 
 
 def is_reduction(node: fx.Node) -> bool:
@@ -950,14 +1071,14 @@ class _Walk:
     def _reused(self, key: object, k: int, last: dict, node: fx.Node, keys: dict, ending: Iterable) -> set:
         """An input storage of the same size that ``node``'s kernel (step ``k``) reads last:
         inductor writes the output into it in place (its ``# reuse``), so the output adds nothing.
-        One of ``ending``, the storages freed after step k (none kept past the kernel), and not one
-        a reduction fused into the kernel reads (:func:`fused_reduction_reads`, found only where
+        One of ``ending``, the storages freed after step k (none kept past the kernel), of the
+        output's dtype and read at its index (:func:`not_written_in_place`, found only where
         there is a candidate)."""
         size = self.size[key]
         candidates = [old for old in ending if size and old in self.live and old not in self.tangents
                       and last.get(old, -1) == k and self.size[old] == size]
         if candidates:
-            blocked = {stored for root in fused_reduction_reads(node) for stored in keys.get(root, ())}
+            blocked = {stored for root in not_written_in_place(node) for stored in keys.get(root, ())}
             candidates = [old for old in candidates if old not in blocked]
         return set(candidates[:1])
 
@@ -1079,9 +1200,9 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
             last_read[o] = len(steps) - 1
     reuse = np.array([stored_bytes(step, readers(step), fuse, far) if fuse and generated(step) else 0 for step in steps],
                      dtype=np.int64)
-    no_reuse = np.zeros(n, dtype=bool)  # the kernel reading it last has a fused reduction reading it too
+    no_reuse = np.zeros(n, dtype=bool)  # the kernel reading it last cannot write into it (not_written_in_place)
     for o in np.flatnonzero(last_read >= 0):
-        no_reuse[o] = bool(reuse[last_read[o]]) and nodes[o] in fused_reduction_reads(steps[last_read[o]])
+        no_reuse[o] = bool(reuse[last_read[o]]) and nodes[o] in not_written_in_place(steps[last_read[o]])
     base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse, far)
     base += np.array([workspace_bytes(step, fuse) for step in steps], dtype=np.int64)
     # a backward kernel's copies of its unstored inputs; of a forward value, counted whether or
@@ -1154,7 +1275,7 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
         delta[end + 1] -= size
         owned = node not in grads and node.op != "placeholder"  # a tangent is not inductor's to write into
         if owned and start < end and reuse[end] == size:
-            reuse_base[end] |= node not in fused_reduction_reads(steps[end])
+            reuse_base[end] |= node not in not_written_in_place(steps[end])
     for node in steps:  # multi-output ops: each output is allocated when the op runs
         val = node.meta.get("val")
         if isinstance(val, (tuple, list)):
@@ -1166,5 +1287,5 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
                     delta[step_of[node]] += size
                     delta[end + 1] -= size
                     if user not in grads and step_of[node] < end and reuse[end] == size:
-                        reuse_base[end] |= user not in fused_reduction_reads(steps[end])
+                        reuse_base[end] |= user not in not_written_in_place(steps[end])
     return np.cumsum(delta)[:T], reuse_base

@@ -74,8 +74,8 @@ class Schedule:
         (:mod:`planner.workspace`), counted for its recomputed copy at the step the copy is made
         (``None``: none anywhere).
     no_reuse : the kernel of node i's ``last_read`` step may not write its output into node i's
-        storage (a reduction fused into it reads it too:
-        :func:`planner.memory.fused_reduction_reads`; ``None``: none).
+        storage (of another dtype, or read at another index:
+        :func:`planner.memory.not_written_in_place`; ``None``: none).
     """
 
     owner: np.ndarray

@@ -426,6 +426,38 @@ def test_a_value_whose_readers_all_run_in_one_kernel_is_never_stored(row, monkey
     assert not [line for line in code.splitlines() if "empty_strided_cpu((64, %d)" % row in line and "float32" in line], code
 
 
+def _masked_softmax(scores, bias, mask, other):
+    """A softmax of scores read with three other stored inputs, as GPT-Neo's is (its causal
+    mask, positions indexed out of a sum): ``exp`` reads five, with the row max."""
+    x = torch.where(mask, scores + bias, -1e4) + other
+    e = (x - x.amax(-1, keepdim=True)).exp()  # softmax as the joint graph has it, decomposed
+    return e / e.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_an_online_softmax_leaves_its_exp_to_the_division(online, monkeypatch):
+    """Where inductor computes a softmax's row max and sum in one reduction of the input (its
+    online softmax, on CUDA and XPU), the sum reads no ``exp``: the ``exp`` is computed in the
+    division alone, never stored, however many inputs it reads. Without it, on a GPU, the
+    ``exp`` that reads five stored inputs is stored for the division and the sum over rows longer
+    than a persistent reduction takes."""
+    import planner._torch_compat as torch_compat
+    import planner.memory as memory
+
+    assert torch_compat.online_softmax("cuda") and not torch_compat.online_softmax("cpu")
+    monkeypatch.setattr(torch_compat, "online_softmax", lambda device_type: online)  # "cpu" stands in
+    monkeypatch.setattr(memory, "_GPU_TYPES", ("cpu",))
+    row = 2 * memory.PERSISTENT_RNUMEL
+    args = [torch.randn(2, 16, row), torch.randn(2, 16, row), torch.rand(2, 16, row) > 0.1, torch.randn(2, 16, row)]
+    gm = _traced(_masked_softmax, *args)
+    exp = next(n for n in gm.graph.nodes if n.target is aten.exp.default)
+    row_sum = next(n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList)
+    assert len(memory._leaf_reads(exp, depth=8)) > memory.REALIZE_READS
+    assert memory.online_softmax_sum(row_sum) is online
+    assert [r.target for r in memory.readers(exp)] == [aten.div.Tensor] if online else len(memory.readers(exp)) == 2
+    assert memory.stored_bytes(exp, memory.readers(exp), fuse=True) == (0 if online else 2 * 16 * row * 4)
+
+
 def _masked_scores(scores, row_max, grad):
     """A value read by two kernels: the scores, their row max, and a mask made as transformers
     makes its causal masks (positions from ``arange``, compared, and-ed with a padding mask of
@@ -528,19 +560,16 @@ class _CrossEntropyHead(torch.nn.Module):
 
 
 @pytest.mark.parametrize("gpu, vocab", [(False, 2048), (True, 2048), (True, 64)])
-def test_a_gradient_is_not_written_into_logits_a_looped_reduction_reads(gpu, vocab, monkeypatch):
+def test_a_gradient_is_written_into_the_logits_its_kernel_reads_at_its_index(gpu, vocab, monkeypatch):
     """With the logits saved, the cross entropy's backward recomputes their row max and sum and
-    writes the logits' gradient (their size) in the kernel that reads them last. On a GPU, rows
-    longer than ``PERSISTENT_RNUMEL`` are reduced in loops that read the logits again, and
-    the model counts the gradient in a new buffer beside them (GPT-NeoX on an H200: 128 MiB
-    over the model; inductor does not always keep to it, see ``fused_reduction_reads``); shorter
-    rows are read once and the gradient written into them, as inductor's CPU code does for any
-    row. The schedule counts both alive at that step either way (at or above the simulation)."""
+    writes the logits' gradient (their size and dtype) in the kernel that reads them last, at
+    the index it writes: inductor writes it into them, rows of any length (on an H200 a GPT-NeoX
+    cross entropy over rows of 8192 did; see ``not_written_in_place``). The simulation counts
+    one buffer there, and the schedule stays at or above it."""
     import planner.memory as memory
 
     if gpu:  # "cpu" stands in for a GPU
         monkeypatch.setattr(memory, "_GPU_TYPES", ("cpu",))
-    beside = gpu and vocab > memory.PERSISTENT_RNUMEL
     joint = planner.capture(_CrossEntropyHead(vocab), [torch.randn(32, 16), torch.randint(0, vocab, (32,))],
                             codegen="inductor")
     problem = build_problem(joint, get_estimator("flops"), fuse=True)
@@ -549,12 +578,59 @@ def test_a_gradient_is_not_written_into_logits_a_looped_reduction_reads(gpu, voc
     gradient = next(n for n in backward.graph.nodes if n.op == "call_function" and n.target is aten.sub.Tensor
                     and any(u.target is aten.mm.default for u in n.users))
     logits = next(n for n in backward.graph.nodes if n.name == "mm")
-    assert memory.fused_reduction_reads(gradient) == ({logits} if beside else set())
+    assert logits in memory._leaf_reads(gradient, depth=8) and logits not in memory.not_written_in_place(gradient)
     steps = simulate(forward, backward, joint.num_fwd_outputs, fuse=True).steps
     at_gradient = next(b for phase, name, b in steps if phase == "backward" and name == gradient.name)
-    nbytes = 32 * vocab * 4
-    assert at_gradient - nbytes * (2 if beside else 1) in range(0, 64)  # and the loss's few scalars
+    assert at_gradient - 32 * vocab * 4 in range(0, 64)  # and the loss's few scalars
     assert max(memory_profile(problem, plan).backward) >= max(b for phase, _, b in steps if phase == "backward")
+
+
+class _HeadsOut(torch.nn.Module):
+    """A product's output laid out by heads and copied back (an attention's output), or scaled
+    where it is: the copy reads the product at another index than it writes."""
+
+    def __init__(self, transposed: bool) -> None:
+        super().__init__()
+        self.transposed = transposed
+        self.w = torch.nn.Parameter(torch.randn(16, 64) / 4)
+        self.v = torch.nn.Parameter(torch.randn(64, 8) / 4)
+
+    def forward(self, x):
+        p = x @ self.w
+        if self.transposed:
+            c = p.view(4, 32, 8, 8).transpose(1, 2).reshape(128, 64)
+        else:
+            c = p * 2.0
+        return (c @ self.v).square().mean()
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_copy_is_written_into_its_input_only_where_it_reads_it_at_its_own_index(transposed):
+    """Inductor writes a kernel's output into an input it reads last only where it reads it at
+    the index it writes (its ``can_inplace``): a scaled product is written into the product, a
+    copy of the product laid out by heads is not. The simulation counts the copy beside the
+    product, and inductor's CPU code for the planned forward writes into the product's buffer
+    only the first."""
+    from torch._inductor.utils import run_and_get_code
+
+    import planner.memory as memory
+
+    x = torch.randn(128, 16)
+    joint = planner.capture(_HeadsOut(transposed), [x], codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    forward, backward = emit(joint.copy(), problem, [])
+    product = next(n for n in forward.graph.nodes if n.target is aten.mm.default)
+    copy = next(n for n in forward.graph.nodes if n.op == "call_function" and n is not product
+                and memory.stored_bytes(n, memory.readers(n), True) and product in memory._leaf_reads(n, 8))
+    assert (product in memory.not_written_in_place(copy)) is transposed
+    steps = [b for phase, name, b in simulate(forward, backward, joint.num_fwd_outputs, fuse=True).steps
+             if phase == "forward" and name == copy.name]
+    assert steps == [128 * 64 * 4 * (2 if transposed else 1)]
+    torch._dynamo.reset()
+    compiled = planner.compile(_HeadsOut(transposed), memory_budget=0.0)
+    _, (forward_code, *_) = run_and_get_code(lambda: compiled(x).backward())
+    assert forward_code.index("extern_kernels.mm(primals_2, primals_1, out=buf0)") > 0  # the product
+    assert ("= buf0; del buf0  # reuse" in forward_code) is not transposed, forward_code
 
 
 class _GatedProjection(torch.nn.Module):
