@@ -757,9 +757,6 @@ def _not_written_in_place(writer: fx.Node, depth: int) -> frozenset[fx.Node]:
     return frozenset(other | {root for root in same if _dtype(root) != val.dtype})
 
 
-_AT_INDEX, _ELSEWHERE = True, False  # a value read at the writer's own (linear) index, or not
-
-
 def _indexed_reads(writer: fx.Node, depth: int) -> tuple[set[fx.Node], set[fx.Node]]:
     """The stored inputs ``writer``'s kernel reads at the index it writes, and those it reads
     (also) at another, looking through views and inlined pointwise producers (as
@@ -767,31 +764,31 @@ def _indexed_reads(writer: fx.Node, depth: int) -> tuple[set[fx.Node], set[fx.No
     same: set[fx.Node] = set()
     other: set[fx.Node] = set()
     seen: set[tuple] = set()
-    stack = [(inp, writer, _AT_INDEX, 0) for inp in writer.all_input_nodes]
+    stack = [(inp, writer, True, 0) for inp in writer.all_input_nodes]  # the writer's value is at its index
     while stack:
-        node, consumer, state, d = stack.pop()
-        state = _read_index(node, consumer, state)
-        if (node, state) in seen:
+        node, consumer, at_index, d = stack.pop()
+        at_index = _read_at_index(node, consumer, at_index)
+        if (node, at_index) in seen:
             continue
-        seen.add((node, state))
+        seen.add((node, at_index))
         if (base := _shared_input(node)) is not None:  # a view: its base is read through it
-            stack.append((base, node, state, d))
+            stack.append((base, node, at_index, d))
         elif reads_nothing(node):
             continue
         elif d < depth and _inlined_producer(node):  # not a reduction (see not_written_in_place)
-            stack.extend((inp, node, state, d + 1) for inp in node.all_input_nodes)
+            stack.extend((inp, node, at_index, d + 1) for inp in node.all_input_nodes)
         else:
-            (same if state is _AT_INDEX else other).add(node)
+            (same if at_index else other).add(node)
     return same - other, other
 
 
-def _read_index(node: fx.Node, consumer: fx.Node, state: bool) -> bool:
-    """Whether ``consumer``'s kernel reads ``node`` at the writer's index, given whether
-    ``consumer``'s own value is at it (``state``)."""
+def _read_at_index(node: fx.Node, consumer: fx.Node, consumer_at_index: bool) -> bool:
+    """Whether ``consumer``'s kernel reads ``node`` at the writer's (linear) index, given whether
+    ``consumer``'s own value is at it."""
     val, out = node.meta.get("val"), consumer.meta.get("val")
     if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor):
-        return _ELSEWHERE
-    return state and val.numel() == out.numel() and _same_layout(val, out)
+        return False
+    return consumer_at_index and val.numel() == out.numel() and _same_layout(val, out)
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

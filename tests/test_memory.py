@@ -454,7 +454,7 @@ def test_an_online_softmax_leaves_its_exp_to_the_division(online, monkeypatch):
     row_sum = next(n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList)
     assert len(memory._leaf_reads(exp, depth=8)) > memory.REALIZE_READS
     assert memory.online_softmax_sum(row_sum) is online
-    assert [r.target for r in memory.readers(exp)] == [aten.div.Tensor] if online else len(memory.readers(exp)) == 2
+    assert ([r.target for r in memory.readers(exp)] == [aten.div.Tensor]) if online else (len(memory.readers(exp)) == 2)
     assert memory.stored_bytes(exp, memory.readers(exp), fuse=True) == (0 if online else 2 * 16 * row * 4)
 
 
