@@ -316,6 +316,50 @@ def _modernbert(size: str):
     return _CausalLM(ModernBertForMaskedLM(cfg)), _tokens(batch, seq, vocab)
 
 
+def _falcon(size: str):
+    """Attention and MLP side by side from one LayerNorm, one key-value head (multi-query), rotary."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    layers, d, heads, seq, batch, vocab = (6, 1024, 16, 2048, 4, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = FalconConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, multi_query=True,
+                       parallel_attn=True, new_decoder_architecture=False, alibi=False, bias=False,
+                       max_position_embeddings=seq, vocab_size=vocab, bos_token_id=0, eos_token_id=0)
+    return _CausalLM(FalconForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _gptbigcode(size: str):
+    """GPT-2 with one key-value head (multi-query) in one fused projection, softmax in float32."""
+    from transformers import GPTBigCodeConfig, GPTBigCodeForCausalLM
+
+    layers, d, heads, seq, batch, vocab = (6, 1024, 16, 2048, 4, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = GPTBigCodeConfig(n_layer=layers, n_embd=d, n_head=heads, n_positions=seq, vocab_size=vocab,
+                           multi_query=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                           bos_token_id=0, eos_token_id=0)
+    return _CausalLM(GPTBigCodeForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _phi3(size: str):
+    """One fused qkv projection and one fused gate-and-up projection, split after the matmul."""
+    return _decoder(size, "Phi3", (6, 1024, 16, 8, 2816, 2048, 4, 8192), pad_token_id=0, bos_token_id=0,
+                    eos_token_id=0)
+
+
+def _deepseekv3(size: str):
+    """Multi-head latent attention: keys and values from a low-rank latent (rank 256 at the bench
+    size), queries from another (384), rotary on a separate slice of each head; dense MLPs."""
+    import transformers
+
+    layers, d, heads, ffn, seq, batch, vocab = (6, 1024, 16, 2816, 2048, 4, 8192) if size == "bench" else (2, 64, 4, 128, 32, 2, 128)
+    ranks = (256, 384, 32, 64, 64) if size == "bench" else (16, 24, 8, 8, 8)
+    kv_rank, q_rank, rope_dim, nope_dim, v_dim = ranks
+    cfg = transformers.DeepseekV3Config(
+        num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=heads,
+        intermediate_size=ffn, kv_lora_rank=kv_rank, q_lora_rank=q_rank, qk_rope_head_dim=rope_dim,
+        qk_nope_head_dim=nope_dim, v_head_dim=v_dim, first_k_dense_replace=layers, max_position_embeddings=seq,
+        vocab_size=vocab, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    return _CausalLM(transformers.DeepseekV3ForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
 def _timm(arch: str, bench_batch: int, tiny: dict, tiny_arch: str | None = None):
     """``arch`` at the bench size; at the tiny size ``tiny_arch`` (the same family, smaller) or
     ``arch`` itself, built with the ``tiny`` keywords."""
@@ -420,6 +464,23 @@ MODELS: dict[str, ZooModel] = {
                                                    "stages": (1, 1, 1, 1)}),
                       "timm", "hiera_tiny_224 (mask units, pooled queries), batch 64"),
     "mobilenetv4": ZooModel(_timm("mobilenetv4_conv_medium", 128, {}), "timm", "mobilenetv4_conv_medium, batch 128"),
+    # an eighth round, measured before any change for them
+    "falcon": ZooModel(_falcon, "transformers", "FalconForCausalLM (parallel attention, multi-query), 6 layers, d 1024, "
+                       "16 heads, seq 2048, batch 4, vocab 8192"),
+    "gptbigcode": ZooModel(_gptbigcode, "transformers", "GPTBigCodeForCausalLM (multi-query), 6 layers, d 1024, "
+                           "16 heads, seq 2048, batch 4, vocab 8192"),
+    "phi3": ZooModel(_phi3, "transformers",
+                     "Phi3ForCausalLM, 6 layers, d 1024, 16 heads / 8 kv, ffn 2816, seq 2048, batch 4, vocab 8192"),
+    "deepseekv3": ZooModel(_deepseekv3, "transformers", "DeepseekV3ForCausalLM with dense MLPs (latent attention), "
+                           "6 layers, d 1024, 16 heads, ffn 2816, seq 2048, batch 4, vocab 8192"),
+    "convnextv2": ZooModel(_timm("convnextv2_tiny", 64, {"depths": (1, 1, 1, 1), "dims": (16, 32, 48, 64)}),
+                           "timm", "convnextv2_tiny (global response norm), batch 64"),
+    "xcit": ZooModel(_timm("xcit_tiny_12_p16_224", 64, {"img_size": 32, "patch_size": 8, "depth": 2}), "timm",
+                     "xcit_tiny_12_p16_224 (attention across channels, class attention), batch 64"),
+    "pvtv2": ZooModel(_timm("pvt_v2_b1", 64, {"depths": (1, 1, 1, 1)}), "timm",
+                      "pvt_v2_b1 (attention over spatially reduced keys, convolutional MLPs), batch 64"),
+    "edgenext": ZooModel(_timm("edgenext_small", 128, {}, tiny_arch="edgenext_xx_small"), "timm",
+                         "edgenext_small (convolutions, then attention across channels), batch 128"),
 }
 
 

@@ -158,7 +158,7 @@ def _graphs_unchanged():
 
 
 def _empty_maps() -> tuple[dict, ...]:
-    return ({}, {}, {}, {}, {}, {})
+    return ({}, {}, {}, {}, {}, {}, {})
 
 
 def _seen_or_found(table: int, key: object, find):
@@ -784,11 +784,16 @@ def _indexed_reads(writer: fx.Node, depth: int) -> tuple[set[fx.Node], set[fx.No
 
 def _read_at_index(node: fx.Node, consumer: fx.Node, consumer_at_index: bool) -> bool:
     """Whether ``consumer``'s kernel reads ``node`` at the writer's (linear) index, given whether
-    ``consumer``'s own value is at it."""
-    val, out = node.meta.get("val"), consumer.meta.get("val")
-    if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor):
+    ``consumer``'s own value is at it, the two laid out as inductor lays them out
+    (:func:`laid_out`)."""
+    val, out = laid_out(node), laid_out(consumer)
+    if val is None or out is None or not consumer_at_index or val.numel() != out.numel():
         return False
-    return consumer_at_index and val.numel() == out.numel() and _same_layout(val, out)
+    if _shared_input(consumer) is node and aliased_input(consumer) is node:
+        # a view of all of ``node`` (read at the writer's index, see _indexed_reads): its
+        # elements are where the view has them, however the two are shaped
+        return out.storage_offset() == 0
+    return _same_layout(val, out)
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -798,6 +803,110 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
     return (tuple(a.shape) == tuple(b.shape)
             and all(sa == sb for size, sa, sb in zip(a.shape, a.stride(), b.stride()) if size != 1))
+
+
+@contextmanager
+def _laid_out_channels_last(on: bool, carried: Collection[str] = ()):
+    """Within a walk: inductor's layout optimisation is ``on`` for the graphs walked, and the
+    values named ``carried`` (a backward module's inputs, by the forward nodes they are) were
+    stored channels-last by the forward."""
+    outer = getattr(_seen, "layout", None)
+    _seen.layout = (on, frozenset(carried)) if on else None
+    try:
+        yield
+    finally:
+        _seen.layout = outer
+
+
+def laid_out(node: fx.Node) -> torch.Tensor | None:
+    """``node``'s value (a meta tensor) in the layout inductor stores or views it in, or None
+    where that is not known.
+
+    Inductor's layout optimisation (on for a graph with convolutions, :func:`convolutions_laid_out`)
+    stores 4-D values channels-last where the trace has them contiguous: a convolution's output
+    and input gradient, and the graph inputs it copies for a convolution. A stored pointwise
+    value takes the layout most of its inputs of its size are read in (its fill order, from the
+    strides of its loads; contiguous on a tie). A view's layout follows its base's. Outside such
+    a walk, the trace's.
+    On an H200, a ConvNeXt-V2 backward's residual gradient (the sum of a depthwise convolution's
+    input gradient, channels-last, and of the gradient from the layer above, contiguous) was
+    stored contiguous in a buffer of its own: counted written into the convolution's gradient,
+    the simulated peak was 36.8 MiB under the measured one."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    if getattr(_seen, "layout", None) is None:
+        return val
+    return _seen_or_found(6, node, lambda: _laid_out(node, val))
+
+
+def _laid_out(node: fx.Node, val: torch.Tensor):
+    base = aliased_input(node)
+    if base is not None and not is_getitem(node):
+        return _viewed(node, base, val)
+    if val.dim() == 4 and not val.is_contiguous(memory_format=torch.channels_last) and _stored_channels_last(node):
+        return torch.empty_strided(val.shape, _channels_last_strides(val.shape), dtype=val.dtype, device="meta")
+    return val
+
+
+def _viewed(node: fx.Node, base: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
+    """``node``'s view of ``base`` replayed on ``base`` as laid out, or None if it cannot be."""
+    base_val, laid = base.meta.get("val"), laid_out(base)
+    if laid is None:
+        return None
+    if laid is base_val:
+        return val
+    args = [laid if a is base else a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args]
+    try:
+        out = node.target(*args, **node.kwargs)
+    except Exception:  # noqa: BLE001  a view the layout does not allow (inductor copies): unknown
+        return None
+    return out if isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(val.shape) else None
+
+
+def _channels_last_4d(val: torch.Tensor | None) -> bool:
+    return (val is not None and val.dim() == 4 and val.is_contiguous(memory_format=torch.channels_last)
+            and not val.is_contiguous())
+
+
+def _channels_last_strides(shape) -> tuple[int, ...]:
+    return torch.empty(tuple(shape), device="meta").contiguous(memory_format=torch.channels_last).stride()
+
+
+def _stored_channels_last(node: fx.Node) -> bool:
+    """Inductor stores 4-D ``node`` channels-last (see :func:`laid_out`; within a walk with the
+    layout optimisation on)."""
+    _, carried = _seen.layout
+    if node.op == "placeholder":
+        return node.name in carried or any(u.target is torch.ops.aten.convolution.default and node in u.args[:2]
+                                           for u in node.users)
+    if node.target in CONVOLUTIONS or (is_getitem(node) and getattr(node.args[0], "target", None) in CONVOLUTIONS):
+        return True
+    if not fusible(node):
+        return False
+    votes = 0
+    for read in _loads(node):
+        if read is not None and tuple(read.shape) == tuple(node.meta["val"].shape):
+            votes += 1 if _channels_last_4d(read) else -1 if read.is_contiguous() else 0
+    return votes > 0
+
+
+def _loads(writer: fx.Node, depth: int = _OWN_DEPTH) -> list[torch.Tensor | None]:
+    """The stored values ``writer``'s kernel loads, laid out (:func:`laid_out`) as it reads them:
+    through views, and through the inlined pointwise producers it computes itself."""
+    found: list[torch.Tensor | None] = []
+    seen: set[fx.Node] = set()
+    stack = [(inp, 0) for inp in writer.all_input_nodes]
+    while stack:
+        node, d = stack.pop()
+        if node in seen or reads_nothing(node):
+            continue
+        seen.add(node)
+        if _shared_input(node) is None and d < depth and _inlined_producer(node):
+            stack.extend((inp, d + 1) for inp in node.all_input_nodes)
+        else:
+            found.append(laid_out(node))
+    return found
 
 
 def _dtype(node: fx.Node) -> torch.dtype | None:
@@ -943,7 +1052,10 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
               released: Collection[int]) -> Timeline:
     walk = _Walk(fuse)
     fwd_out = _outputs(forward)
-    walk.run(forward, "forward", keep=fwd_out)
+    channels_last = fuse and convolutions_laid_out(list(forward.graph.nodes))
+    with _laid_out_channels_last(channels_last):
+        walk.run(forward, "forward", keep=fwd_out)
+        stored_channels_last = {out for out in fwd_out[num_fwd_outputs:] if _channels_last_4d(laid_out(out))}
     forward_end = walk.total
     to_caller = _outputs(forward, raw=True)[:num_fwd_outputs]  # by place, as the caller gets them
     kept = [out for k, out in enumerate(to_caller) if k not in released and isinstance(out, fx.Node)]
@@ -951,7 +1063,9 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
     saved_keys = [walk.keys.get(out, ()) for out in fwd_out[num_fwd_outputs:]]
     inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
     carried = dict(zip(inputs, saved_keys))
-    walk.run(backward, "backward", keep=_outputs(backward), carried=carried, held=held)
+    carried_channels_last = [p.name for p, out in zip(inputs, fwd_out[num_fwd_outputs:]) if out in stored_channels_last]
+    with _laid_out_channels_last(channels_last, carried_channels_last):
+        walk.run(backward, "backward", keep=_outputs(backward), carried=carried, held=held)
     peak_live = walk.peak_live
     at_peak = tuple(sorted(((key[0], "/".join(map(str, key[1:])), walk.size[key]) for key in peak_live),
                            key=lambda item: -item[2]))
@@ -1132,7 +1246,8 @@ def _value_bytes(val: object) -> int:
 def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     """The :class:`Schedule` of a joint graph, over its forward nodes and backward steps."""
     # the joint graph is only read here (Llama's problem: 3.02 s to 0.15 s, docs/plan-time-cpu.md)
-    with _graphs_unchanged():
+    channels_last = fuse and convolutions_laid_out([*joint.primals, *joint.forward_nodes])
+    with _graphs_unchanged(), _laid_out_channels_last(channels_last):
         return _build_schedule(joint, fuse)
 
 

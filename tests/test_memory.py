@@ -1,4 +1,6 @@
 """The memory simulator: equal to a count over real storages, and consistent with the schedule."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -1048,3 +1050,53 @@ def test_pytorchs_split_is_walked_with_its_masks_where_inductor_fuses_them():
     assert forward_peak(forward, True) == forward_peak(placed, True)
     # run in graph order, as without inductor, the late masks keep the pre-activations alive
     assert forward_peak(forward, False) > forward_peak(placed, False)
+
+
+class _ConvThenLinear(torch.nn.Module):
+    """A depthwise convolution, a linear layer over its channels (laid out by channels last,
+    as ConvNeXt's blocks do), and the residual sum of the two, which the next convolution reads;
+    the first convolution's output is read again after the sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.linear = torch.nn.Linear(16, 16)
+        self.next = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+
+    def forward(self, x):
+        h = self.conv(x)
+        y = self.linear(h.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return (self.next(h + y) * h).square().mean()
+
+
+def test_values_are_written_in_place_as_inductor_lays_them_out_channels_last():
+    """Inductor's layout optimisation stores a convolution's output channels-last, where the
+    trace has it contiguous; the residual sum then reads the linear layer's output (laid out by
+    channels last, seen through a permute) at the index it writes, and is written into it. The
+    memory model sees that only with the layouts inductor uses (``laid_out``); inductor's CPU code
+    for the planned forward writes the sum into the product's buffer."""
+    from torch._inductor.utils import run_and_get_code
+
+    import planner.memory as memory
+
+    x = torch.randn(4, 16, 8, 8)
+    joint = planner.capture(_ConvThenLinear(), [x], codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    forward, _ = emit(joint.copy(), problem, [])
+    nodes = list(forward.graph.nodes)
+    assert memory.convolutions_laid_out(nodes)  # on the CPU inductor always lays convolutions out so
+    product = next(n for n in nodes if n.target in (aten.mm.default, aten.addmm.default))
+    total = next(n for n in nodes if n.target is aten.add.Tensor and product in memory._leaf_reads(n, 8)
+                 and any(u.target is aten.convolution.default for u in n.users))
+    assert product in memory.not_written_in_place(total)  # the traced layouts: another index
+    with memory._graphs_unchanged(), memory._laid_out_channels_last(True):
+        conv = next(n for n in nodes if n.target is aten.convolution.default)
+        assert memory.laid_out(conv).is_contiguous(memory_format=torch.channels_last)
+        assert not memory.laid_out(conv).is_contiguous()
+        assert product not in memory.not_written_in_place(total)
+    torch._dynamo.reset()
+    compiled = planner.compile(_ConvThenLinear(), memory_budget=1.0, solver="greedy")
+    _, (forward_code, *_) = run_and_get_code(lambda: compiled(x).backward())
+    product_buffer = re.search(r"extern_kernels\.(?:add)?mm\([^\n]*out=(buf\d+)\)", forward_code).group(1)
+    b = product_buffer
+    assert re.search(rf"= (?:{b}|reinterpret_tensor\({b}, [^\n]*\)); del {b}  # reuse", forward_code), forward_code
