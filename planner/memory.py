@@ -823,8 +823,9 @@ def laid_out(node: fx.Node) -> torch.Tensor | None:
     where that is not known.
 
     Inductor's layout optimisation (on for a graph with convolutions, :func:`convolutions_laid_out`)
-    stores 4-D values channels-last where the trace has them contiguous: a convolution's output
-    and input gradient, and the graph inputs it copies for a convolution. A stored pointwise
+    copies a convolution's input and weight channels-last, and a convolution's outputs and its
+    backward's are laid out as the op's meta function lays them out from its inputs so laid out
+    (channels-last where the trace has them contiguous). A stored pointwise
     value takes the layout most of its inputs of its size are read in (its fill order, from the
     strides of its loads; contiguous on a tie). A view's layout follows its base's. Outside such
     a walk, the trace's.
@@ -844,8 +845,12 @@ def _laid_out(node: fx.Node, val: torch.Tensor):
     base = aliased_input(node)
     if base is not None and not is_getitem(node):
         return _viewed(node, base, val)
+    if node.target in CONVOLUTIONS:
+        return _convolved(node, 0)
+    if is_getitem(node) and getattr(node.args[0], "target", None) in CONVOLUTIONS:
+        return _convolved(node.args[0], node.args[1])
     if val.dim() == 4 and not val.is_contiguous(memory_format=torch.channels_last) and _stored_channels_last(node):
-        return torch.empty_strided(val.shape, _channels_last_strides(val.shape), dtype=val.dtype, device="meta")
+        return _restrided(val, _channels_last_strides(val.shape))
     return val
 
 
@@ -873,15 +878,54 @@ def _channels_last_strides(shape) -> tuple[int, ...]:
     return torch.empty(tuple(shape), device="meta").contiguous(memory_format=torch.channels_last).stride()
 
 
+def _convolved(conv: fx.Node, output: int) -> torch.Tensor | None:
+    """Output ``output`` of convolution (or its backward) ``conv`` laid out as the op's fake
+    implementation lays it out, run on its inputs as inductor lays them out (a convolution's
+    input and weight copied channels-last), as inductor itself lays out a library kernel's
+    outputs; as traced where that cannot be replayed."""
+    def replay():
+        forward = conv.target is torch.ops.aten.convolution.default
+        args = []
+        for k, arg in enumerate(conv.args):
+            val = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+            if isinstance(arg, fx.Node) and isinstance(val, torch.Tensor):
+                if forward and k < 2 and val.dim() == 4:
+                    val = _restrided(val, _channels_last_strides(val.shape))
+                elif arg.op != "placeholder" or forward:
+                    val = laid_out(arg) if laid_out(arg) is not None else val
+            args.append(val)
+        mode = next((a.fake_mode for a in args if isinstance(a, torch._subclasses.FakeTensor)), None)
+        traced = conv.meta.get("val")
+        if mode is None or not all(isinstance(a, torch._subclasses.FakeTensor) or not isinstance(a, torch.Tensor)
+                                   for a in args):
+            out = traced
+        else:
+            try:
+                with mode:
+                    out = conv.target(*args, **conv.kwargs)
+            except Exception:  # noqa: BLE001  (kept as traced)
+                out = traced
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    outputs = _seen_or_found(6, (conv, "outputs"), replay)
+    val = outputs[output] if output < len(outputs) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _restrided(val: torch.Tensor, strides) -> torch.Tensor:
+    """A tensor like ``val`` (a fake one, on its device, where ``val`` is) with ``strides``."""
+    mode = getattr(val, "fake_mode", None)
+    if mode is None:
+        return torch.empty_strided(val.shape, strides, dtype=val.dtype, device="meta")
+    with mode:
+        return torch.empty_strided(val.shape, strides, dtype=val.dtype, device=val.device)
+
+
 def _stored_channels_last(node: fx.Node) -> bool:
     """Inductor stores 4-D ``node`` channels-last (see :func:`laid_out`; within a walk with the
     layout optimisation on)."""
     _, carried = _seen.layout
     if node.op == "placeholder":
-        return node.name in carried or any(u.target is torch.ops.aten.convolution.default and node in u.args[:2]
-                                           for u in node.users)
-    if node.target in CONVOLUTIONS or (is_getitem(node) and getattr(node.args[0], "target", None) in CONVOLUTIONS):
-        return True
+        return node.name in carried
     if not fusible(node):
         return False
     votes = 0
