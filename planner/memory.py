@@ -761,6 +761,8 @@ def _indexed_reads(writer: fx.Node, depth: int) -> tuple[set[fx.Node], set[fx.No
     """The stored inputs ``writer``'s kernel reads at the index it writes, and those it reads
     (also) at another, looking through views and inlined pointwise producers (as
     :func:`_leaf_reads` does)."""
+    if getattr(_seen, "layout", None) is not None:
+        return _indexed_reads_laid_out(writer, depth)
     same: set[fx.Node] = set()
     other: set[fx.Node] = set()
     seen: set[tuple] = set()
@@ -782,18 +784,78 @@ def _indexed_reads(writer: fx.Node, depth: int) -> tuple[set[fx.Node], set[fx.No
     return same - other, other
 
 
+def _indexed_reads_laid_out(writer: fx.Node, depth: int) -> tuple[set[fx.Node], set[fx.Node]]:
+    """:func:`_indexed_reads` with values laid out as inductor lays them out (:func:`laid_out`).
+    Each value met carries where the writer stores each of its elements (strides into the
+    writer's storage, None where it is not one element each); a stored input is read at the
+    writer's index where it is laid out so."""
+    same: set[fx.Node] = set()
+    other: set[fx.Node] = set()
+    seen: set[tuple] = set()
+    written = laid_out(writer)
+    stack = [(inp, _elementwise(inp, written), 0) for inp in writer.all_input_nodes]
+    while stack:
+        node, where, d = stack.pop()
+        key = (node, None if where is None else (tuple(where.shape), tuple(where.stride())))
+        if key in seen:
+            continue
+        seen.add(key)
+        if (base := _shared_input(node)) is not None:  # a view: its base is read through it
+            stack.append((base, _unviewed(node, base, where), d))
+        elif reads_nothing(node):
+            continue
+        elif d < depth and _inlined_producer(node):  # not a reduction (see not_written_in_place)
+            stack.extend((inp, _elementwise(inp, where), d + 1) for inp in node.all_input_nodes)
+        else:
+            laid = laid_out(node)
+            at_index = (where is not None and laid is not None and laid.storage_offset() == 0
+                        and tuple(laid.shape) == tuple(where.shape)
+                        and all(a == b for n, a, b in zip(laid.shape, laid.stride(), where.stride()) if n != 1))
+            (same if at_index else other).add(node)
+    return same - other, other
+
+
+def _elementwise(node: fx.Node, where: torch.Tensor | None) -> torch.Tensor | None:
+    """Where a pointwise reader of ``node`` stores each element of it: ``where`` (its own) if
+    the two are shaped alike, else None (broadcast)."""
+    val = node.meta.get("val")
+    if where is None or not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(where.shape):
+        return None
+    return where
+
+
+def _unviewed(view: fx.Node, base: fx.Node, where: torch.Tensor | None) -> torch.Tensor | None:
+    """``where`` (for ``view``'s elements) carried back to ``base``'s: through a permute or a
+    reshape, or a write in place; None for any other view (a slice, a broadcast)."""
+    val = base.meta.get("val")
+    if where is None or not isinstance(val, torch.Tensor):
+        return None
+    if aliased_input(view) is not base:  # written in place, or laid out as traced: the same elements
+        return where if tuple(val.shape) == tuple(where.shape) else None
+    name = _name(view.target)
+    try:
+        if name == "aten.permute.default":
+            dims = list(view.args[1])
+            inverse = [dims.index(k) for k in range(len(dims))]
+            return where.permute(inverse)
+        if name in ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+                    "aten.alias.default", "aten.squeeze.dim", "aten.unsqueeze.default", "aten.squeeze.default"):
+            return where.view(tuple(val.shape))
+        if name in ("aten.t.default", "aten.transpose.int"):
+            dims = (0, 1) if name == "aten.t.default" else view.args[1:3]
+            return where.transpose(*dims)
+    except Exception:  # noqa: BLE001  (no such view of those strides: not element for element)
+        return None
+    return None
+
+
 def _read_at_index(node: fx.Node, consumer: fx.Node, consumer_at_index: bool) -> bool:
     """Whether ``consumer``'s kernel reads ``node`` at the writer's (linear) index, given whether
-    ``consumer``'s own value is at it, the two laid out as inductor lays them out
-    (:func:`laid_out`)."""
-    val, out = laid_out(node), laid_out(consumer)
-    if val is None or out is None or not consumer_at_index or val.numel() != out.numel():
+    ``consumer``'s own value is at it (the traced layouts)."""
+    val, out = node.meta.get("val"), consumer.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor):
         return False
-    if _shared_input(consumer) is node and aliased_input(consumer) is node:
-        # a view of all of ``node`` (read at the writer's index, see _indexed_reads): its
-        # elements are where the view has them, however the two are shaped
-        return out.storage_offset() == 0
-    return _same_layout(val, out)
+    return consumer_at_index and val.numel() == out.numel() and _same_layout(val, out)
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -891,7 +953,7 @@ def _convolved(conv: fx.Node, output: int) -> torch.Tensor | None:
             if isinstance(arg, fx.Node) and isinstance(val, torch.Tensor):
                 if forward and k < 2 and val.dim() == 4:
                     val = _restrided(val, _channels_last_strides(val.shape))
-                elif arg.op != "placeholder" or forward:
+                else:
                     val = laid_out(arg) if laid_out(arg) is not None else val
             args.append(val)
         mode = next((a.fake_mode for a in args if isinstance(a, torch._subclasses.FakeTensor)), None)
