@@ -835,11 +835,12 @@ def _unviewed(view: fx.Node, base: fx.Node, where: torch.Tensor | None) -> torch
     name = _name(view.target)
     try:
         if name == "aten.permute.default":
-            dims = list(view.args[1])
+            dims = [k % where.dim() for k in view.args[1]]
             inverse = [dims.index(k) for k in range(len(dims))]
             return where.permute(inverse)
         if name in ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
-                    "aten.alias.default", "aten.squeeze.dim", "aten.unsqueeze.default", "aten.squeeze.default"):
+                    "aten.alias.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.unsqueeze.default",
+                    "aten.squeeze.default"):
             return where.view(tuple(val.shape))
         if name in ("aten.t.default", "aten.transpose.int"):
             dims = (0, 1) if name == "aten.t.default" else view.args[1:3]
