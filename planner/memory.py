@@ -809,8 +809,7 @@ def _indexed_reads_laid_out(writer: fx.Node, depth: int) -> tuple[set[fx.Node], 
         else:
             laid = laid_out(node)
             at_index = (where is not None and laid is not None and laid.storage_offset() == 0
-                        and tuple(laid.shape) == tuple(where.shape)
-                        and all(a == b for n, a, b in zip(laid.shape, laid.stride(), where.stride()) if n != 1))
+                        and tuple(laid.shape) == tuple(where.shape) and _same_layout(laid, where))
             (same if at_index else other).add(node)
     return same - other, other
 
@@ -874,7 +873,7 @@ def _laid_out_channels_last(on: bool, carried: Collection[str] = ()):
     values named ``carried`` (a backward module's inputs, by the forward nodes they are) were
     stored channels-last by the forward."""
     outer = getattr(_seen, "layout", None)
-    _seen.layout = (on, frozenset(carried)) if on else None
+    _seen.layout = frozenset(carried) if on else None  # None: the traced layouts
     try:
         yield
     finally:
@@ -887,8 +886,8 @@ def laid_out(node: fx.Node) -> torch.Tensor | None:
 
     Inductor's layout optimisation (on for a graph with convolutions, :func:`convolutions_laid_out`)
     copies a convolution's input and weight channels-last, and a convolution's outputs and its
-    backward's are laid out as the op's meta function lays them out from its inputs so laid out
-    (channels-last where the trace has them contiguous). A stored pointwise
+    backward's are laid out as the op's fake implementation lays them out from its inputs so
+    laid out (channels-last where the trace has them contiguous). A stored pointwise
     value takes the layout most of its inputs of its size are read in (its fill order, from the
     strides of its loads; contiguous on a tie). A view's layout follows its base's. Outside such
     a walk, the trace's.
@@ -954,8 +953,8 @@ def _convolved(conv: fx.Node, output: int) -> torch.Tensor | None:
             if isinstance(arg, fx.Node) and isinstance(val, torch.Tensor):
                 if forward and k < 2 and val.dim() == 4:
                     val = _restrided(val, _channels_last_strides(val.shape))
-                else:
-                    val = laid_out(arg) if laid_out(arg) is not None else val
+                elif (laid := laid_out(arg)) is not None:
+                    val = laid
             args.append(val)
         mode = next((a.fake_mode for a in args if isinstance(a, torch._subclasses.FakeTensor)), None)
         traced = conv.meta.get("val")
@@ -986,9 +985,8 @@ def _restrided(val: torch.Tensor, strides) -> torch.Tensor:
 def _stored_channels_last(node: fx.Node) -> bool:
     """Inductor stores 4-D ``node`` channels-last (see :func:`laid_out`; within a walk with the
     layout optimisation on)."""
-    _, carried = _seen.layout
     if node.op == "placeholder":
-        return node.name in carried
+        return node.name in _seen.layout  # the carried names
     if not fusible(node):
         return False
     votes = 0
