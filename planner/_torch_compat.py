@@ -467,6 +467,29 @@ def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
     return bool(GraphLowering.decide_layout_opt(module, is_inference=False))
 
 
+def inductor_convolution_backward_channels_last() -> bool:
+    """Whether inductor lowers ``convolution_backward`` itself, requiring its gradient and input
+    channels-last under its layout optimisation (torch 2.13's lowering), where torch 2.11 runs
+    it as a fallback kernel, which fixes a flexible input contiguous."""
+    try:
+        from torch._inductor.kernel import conv
+    except ImportError:
+        return False
+    return hasattr(conv, "convolution_backward_lowering")
+
+
+def inductor_prefers_channels_last(graph: fx.Graph) -> frozenset[fx.Node]:
+    """The nodes of a forward ``graph`` inductor's layout optimisation prefers channels-last
+    (``GraphLowering.find_nodes_prefer_channels_last``, which reads only the graph's nodes): a
+    convolution's inputs and outputs, what flows into them, and what flows from them up to the
+    last convolution."""
+    from types import SimpleNamespace
+
+    from torch._inductor.graph import GraphLowering
+
+    return frozenset(GraphLowering.find_nodes_prefer_channels_last(SimpleNamespace(module=SimpleNamespace(graph=graph))))
+
+
 def inductor_calls_library(target: Any) -> bool:
     """Inductor runs ``target`` as a library call rather than generating its code: it falls back
     to the ATen kernel (its ``fallbacks``), has no lowering for it, or lowers it to a library

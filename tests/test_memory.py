@@ -1100,3 +1100,46 @@ def test_values_are_written_in_place_as_inductor_lays_them_out_channels_last():
     product_buffer = re.search(r"extern_kernels\.(?:add)?mm\([^\n]*out=(buf\d+)\)", forward_code).group(1)
     b = product_buffer
     assert re.search(rf"= (?:{b}|reinterpret_tensor\({b}, [^\n]*\)); del {b}  # reuse", forward_code), forward_code
+
+
+class _ConvReluLinear(torch.nn.Module):
+    """A convolution, a ReLU, and a linear layer over the last (width) dimension, whose matrix
+    product reads the ReLU through a reshape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.linear(torch.relu(self.conv(x)))
+
+
+def test_a_library_kernel_reading_a_value_through_a_view_fixes_its_layout():
+    """Inductor's layout optimisation stores the convolution's output channels-last, and the ReLU
+    of it, voted by its one load, would be too; but the matrix product reads the ReLU through a
+    reshape, and inductor fixes the ReLU's buffer contiguous as it lowers the product, its traced
+    strides not being channels-last. ``laid_out`` says so, and inductor's CPU
+    code allocates the ReLU's buffer contiguous."""
+    from torch._inductor.utils import run_and_get_code
+
+    import planner.memory as memory
+
+    x = torch.randn(4, 16, 8, 8)
+    joint = planner.capture(_ConvReluLinear(), [x], codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    forward, _ = emit(joint.copy(), problem, [])
+    nodes = list(forward.graph.nodes)
+    relu = next(n for n in nodes if n.target is aten.relu.default)
+    assert memory.convolutions_laid_out(nodes) and relu not in memory._graph_outputs(forward.graph)
+    with memory._graphs_unchanged(), memory._laid_out_channels_last(True):
+        conv = next(n for n in nodes if n.target is aten.convolution.default)
+        assert memory.laid_out(conv).is_contiguous(memory_format=torch.channels_last)
+        assert memory._fixed_layout(relu, relu.meta["val"]) is not None
+        assert memory.laid_out(relu).is_contiguous()
+    torch._dynamo.reset()
+    model = _ConvReluLinear()
+    with torch.no_grad():
+        _, (code, *_) = run_and_get_code(torch.compile(model), x)
+    assert "(4, 16, 8, 8), (1024, 64, 8, 1)" in code, code  # the ReLU, contiguous
+    assert "(4, 16, 8, 8), (1024, 1, 128, 16)" in code, code  # the convolution's output, channels-last
