@@ -869,18 +869,22 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @contextmanager
 def _laid_out_channels_last(on: bool, carried: dict[str, tuple] | None = None,
-                            preferred: Collection[fx.Node] | None = None):
+                            preferred: Collection[fx.Node] | None = None,
+                            joint_forward: Collection[fx.Node] | None = None):
     """Within a walk: inductor's layout optimisation is ``on`` for the graphs walked; the values
     named in ``carried`` (a backward module's inputs, by name) were stored by the forward with
     the strides given; where ``preferred`` is given, the graph walked is a forward whose outputs
-    inductor stores channels-last where they are among these (:func:`_stored_output`)."""
-    outer = getattr(_seen, "layout", None), getattr(_seen, "preferred", None)
+    inductor stores channels-last where they are among these (:func:`_stored_output`); where
+    ``joint_forward`` is given, the graph walked is a joint one, whose forward (these nodes) and
+    backward inductor compiles apart."""
+    outer = getattr(_seen, "layout", None), getattr(_seen, "preferred", None), getattr(_seen, "joint_forward", None)
     _seen.layout = dict(carried or {}) if on else None  # None: the traced layouts
     _seen.preferred = frozenset(preferred) if on and preferred is not None else None
+    _seen.joint_forward = frozenset(joint_forward) if on and joint_forward is not None else None
     try:
         yield
     finally:
-        _seen.layout, _seen.preferred = outer
+        _seen.layout, _seen.preferred, _seen.joint_forward = outer
 
 
 def _stored_output(node: fx.Node) -> tuple[int, ...]:
@@ -963,13 +967,15 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
     if getattr(_seen, "preferred", None) is not None and node in _graph_outputs(node.graph):
         return _restrided(val, _stored_output(node))
     propagated = _propagated(node)
-    users = list(node.users)
+    forward = getattr(_seen, "joint_forward", None)  # a joint graph: only readers compiled with node
+    lowered_with = (lambda reader: True) if forward is None else (lambda reader: (reader in forward) == (node in forward))
+    users = [user for user in node.users if lowered_with(user)]
     if len(users) > 1 and any(user.target in _FIXING_READERS for user in users):
         return _restrided(val, _dense_strides(propagated))
     from planner._torch_compat import inductor_convolution_backward_channels_last, inductor_fixes_layout
 
     order = _graph_order(node.graph)
-    for reader in sorted(readers(node), key=order.__getitem__):
+    for reader in sorted(filter(lowered_with, readers(node)), key=order.__getitem__):
         if reader.op != "call_function" or fuses_producers(reader) or _name(reader.target) in _RANDOM_PRIMS:
             continue  # generated code: reads the value wherever it is laid out
         if reader not in node.users:  # through a view
@@ -1502,7 +1508,7 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     """The :class:`Schedule` of a joint graph, over its forward nodes and backward steps."""
     # the joint graph is only read here (Llama's problem: 3.02 s to 0.15 s, docs/plan-time-cpu.md)
     channels_last = fuse and convolutions_laid_out([*joint.primals, *joint.forward_nodes])
-    with _graphs_unchanged(), _laid_out_channels_last(channels_last):
+    with _graphs_unchanged(), _laid_out_channels_last(channels_last, joint_forward=joint.forward_nodes):
         return _build_schedule(joint, fuse)
 
 
