@@ -467,15 +467,19 @@ def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
     return bool(GraphLowering.decide_layout_opt(module, is_inference=False))
 
 
-def inductor_convolution_backward_channels_last() -> bool:
-    """Whether inductor lowers ``convolution_backward`` itself, requiring its gradient and input
-    channels-last under its layout optimisation (torch 2.13's lowering), where torch 2.11 runs
-    it as a fallback kernel, which fixes a flexible input contiguous."""
+def inductor_lays_out_convolution_gradient() -> bool:
+    """Whether inductor lowers ``convolution_backward`` itself (torch 2.13), laying its gradient
+    out as the weight's gradient is laid out, channels-last where the convolution's input is
+    (``kernel.conv.convolution_backward_lowering``), where torch 2.11 runs it as a fallback
+    kernel, which fixes a flexible input contiguous."""
+    from torch._inductor import lowering
+
     try:
         from torch._inductor.kernel import conv
     except ImportError:
         return False
-    return hasattr(conv, "convolution_backward_lowering")
+    own = getattr(conv, "convolution_backward_lowering", None)
+    return own is not None and lowering.lowerings.get(torch.ops.aten.convolution_backward.default) is own
 
 
 def inductor_prefers_channels_last(graph: fx.Graph) -> frozenset[fx.Node]:

@@ -887,6 +887,21 @@ def _laid_out_channels_last(on: bool, carried: dict[str, tuple] | None = None,
         _seen.layout, _seen.preferred, _seen.joint_forward = outer
 
 
+def _copied_output(node: fx.Node) -> bool:
+    """A forward's output ``node`` (within a walk with ``preferred``) is a view that inductor
+    copies to store it with :func:`_stored_output`'s strides, which its base's layout does not
+    give it (``GraphLowering.run_node``'s ``require_stride_order`` on an output). On the CPU, a
+    transposed attention output saved for the backward was stored channels-last, (4, 4, 16, 256)
+    with strides (16384, 1, 1024, 4), in a buffer of its own beside the attention's output."""
+    if getattr(_seen, "preferred", None) is None or aliased_input(node) is None or is_getitem(node):
+        return False
+    val, laid = node.meta.get("val"), laid_out(node)
+    if not isinstance(val, torch.Tensor) or laid is None:
+        return False
+    stored = _stored_output(node)
+    return any(size > 1 and a != b for size, a, b in zip(val.shape, laid.stride(), stored))
+
+
 def _stored_output(node: fx.Node) -> tuple[int, ...]:
     """The strides a forward (within a walk with ``preferred``) stores its output ``node`` with:
     channels-last where it is 4-D, dense and among the nodes inductor prefers channels-last
@@ -954,9 +969,9 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
     strides (:func:`_propagated`); else the first reader in graph order that inductor does not
     generate code for (a library kernel, a matrix product) fixes it: through a view, channels-last only where the propagated strides are
     (``ExternKernel.convert_to_reinterpret_view``); reading ``node`` itself, a convolution
-    channels-last (a convolution backward its gradient and input too, where inductor lowers it
-    itself), one with a layout constraint in the propagated order, any other contiguous
-    (``ExternKernel.process_kernel``).
+    channels-last (a convolution backward its gradient as its input is laid out, where inductor
+    lowers it itself), one with a layout constraint in the propagated order, any other
+    contiguous (``ExternKernel.process_kernel``).
     On an H200 (torch 2.11), a ConvNeXt-V2 backward's residual gradient, the sum of two
     channels-last values read by the next ``mm`` through a permute and a reshape, was stored
     contiguous in a buffer of its own, its propagated strides being neither contiguous nor
@@ -972,7 +987,7 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
     users = [user for user in node.users if lowered_with(user)]
     if len(users) > 1 and any(user.target in _FIXING_READERS for user in users):
         return _restrided(val, _dense_strides(propagated))
-    from planner._torch_compat import inductor_convolution_backward_channels_last, inductor_fixes_layout
+    from planner._torch_compat import inductor_fixes_layout, inductor_lays_out_convolution_gradient
 
     order = _graph_order(node.graph)
     for reader in sorted(filter(lowered_with, readers(node)), key=order.__getitem__):
@@ -980,10 +995,11 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
             continue  # generated code: reads the value wherever it is laid out
         if reader not in node.users:  # through a view
             channels_last = _channels_last_4d(propagated)
-        elif node in reader.args[:2] and (reader.target is torch.ops.aten.convolution.default
-                                           or reader.target is torch.ops.aten.convolution_backward.default
-                                           and inductor_convolution_backward_channels_last()):
+        elif reader.target is torch.ops.aten.convolution.default and node in reader.args[:2]:
             channels_last = True
+        elif (reader.target is torch.ops.aten.convolution_backward.default and node is reader.args[0]
+              and inductor_lays_out_convolution_gradient()):  # as the convolution's input is
+            channels_last = _channels_last_4d(laid_out(reader.args[1]))
         elif inductor_fixes_layout(reader.target):  # its constraint: the propagated order
             return _restrided(val, _dense_strides(propagated))
         else:
@@ -1364,6 +1380,7 @@ class _Walk:
         self.keys: dict[fx.Node, tuple] = {}
         self.steps: list[tuple[str, str, int]] = []
         self.copies: dict[fx.Node, int] = {}
+        self.output_copies: set[fx.Node] = set()
         self.paths: dict[fx.Node, dict[tuple, object]] = {}  # tuple-valued nodes: index path -> storage
         self.total = 0  # bytes of the storages in ``live``
         self.clock = 0  # steps walked, both modules
@@ -1381,6 +1398,7 @@ class _Walk:
         if self.fuse and phase == "forward":
             nodes = placed_order(nodes, {n for n in nodes if _fused_into_producer(n)})
         self.copies = layout_copies(nodes) if self.fuse and phase == "forward" else {}
+        self.output_copies = {out for out in keep if isinstance(out, fx.Node) and _copied_output(out)}
         self.far = far_epilogues(nodes, self.fuse) if phase == "backward" else frozenset()
         self.kernels += _kernels(nodes, self.fuse, self.far)
         keys: dict[fx.Node, tuple] = {}
@@ -1470,6 +1488,8 @@ class _Walk:
             return (), ()
         base = _shared_input(node)
         if base is not None:
+            if node in self.output_copies:  # stored for the backward in a layout of its own
+                return self._new((phase, node.name), _value_bytes(node.meta.get("val")))
             return keys.get(base, ()), ()
         if is_getitem(node):  # one output of a multi-output op, or a tuple of them (nested)
             index = node.args[1]
