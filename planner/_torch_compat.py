@@ -467,6 +467,33 @@ def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
     return bool(GraphLowering.decide_layout_opt(module, is_inference=False))
 
 
+def inductor_lays_out_convolution_gradient() -> bool:
+    """Whether inductor lowers ``convolution_backward`` itself (torch 2.13), laying its gradient
+    out as the weight's gradient is laid out, channels-last where the convolution's input is
+    (``kernel.conv.convolution_backward_lowering``), where torch 2.11 runs it as a fallback
+    kernel, which fixes a flexible input contiguous."""
+    from torch._inductor import lowering
+
+    try:
+        from torch._inductor.kernel import conv
+    except ImportError:
+        return False
+    own = getattr(conv, "convolution_backward_lowering", None)
+    return own is not None and lowering.lowerings.get(torch.ops.aten.convolution_backward.default) is own
+
+
+def inductor_prefers_channels_last(graph: fx.Graph) -> frozenset[fx.Node]:
+    """The nodes of a forward ``graph`` inductor's layout optimisation prefers channels-last
+    (``GraphLowering.find_nodes_prefer_channels_last``, which reads only the graph's nodes): a
+    convolution's inputs and outputs, what flows into them, and what flows from them up to the
+    last convolution."""
+    from types import SimpleNamespace
+
+    from torch._inductor.graph import GraphLowering
+
+    return frozenset(GraphLowering.find_nodes_prefer_channels_last(SimpleNamespace(module=SimpleNamespace(graph=graph))))
+
+
 def inductor_calls_library(target: Any) -> bool:
     """Inductor runs ``target`` as a library call rather than generating its code: it falls back
     to the ATen kernel (its ``fallbacks``), has no lowering for it, or lowers it to a library

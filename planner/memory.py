@@ -868,16 +868,51 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @contextmanager
-def _laid_out_channels_last(on: bool, carried: Collection[str] = ()):
-    """Within a walk: inductor's layout optimisation is ``on`` for the graphs walked, and the
-    values named ``carried`` (a backward module's inputs, by the forward nodes they are) were
-    stored channels-last by the forward."""
-    outer = getattr(_seen, "layout", None)
-    _seen.layout = frozenset(carried) if on else None  # None: the traced layouts
+def _laid_out_channels_last(on: bool, carried: dict[str, tuple] | None = None,
+                            preferred: Collection[fx.Node] | None = None,
+                            joint_forward: Collection[fx.Node] | None = None):
+    """Within a walk: inductor's layout optimisation is ``on`` for the graphs walked; the values
+    named in ``carried`` (a backward module's inputs, by name) were stored by the forward with
+    the strides given; where ``preferred`` is given, the graph walked is a forward whose outputs
+    inductor stores channels-last where they are among these (:func:`_stored_output`); where
+    ``joint_forward`` is given, the graph walked is a joint one, whose forward (these nodes) and
+    backward inductor compiles apart."""
+    outer = getattr(_seen, "layout", None), getattr(_seen, "preferred", None), getattr(_seen, "joint_forward", None)
+    _seen.layout = dict(carried or {}) if on else None  # None: the traced layouts
+    _seen.preferred = frozenset(preferred) if on and preferred is not None else None
+    _seen.joint_forward = frozenset(joint_forward) if on and joint_forward is not None else None
     try:
         yield
     finally:
-        _seen.layout = outer
+        _seen.layout, _seen.preferred, _seen.joint_forward = outer
+
+
+def _copied_output(node: fx.Node) -> bool:
+    """A forward's output ``node`` (within a walk with ``preferred``) is a view that inductor
+    copies to store it with :func:`_stored_output`'s strides, which its base's layout does not
+    give it (``GraphLowering.run_node``'s ``require_stride_order`` on an output). On the CPU, a
+    transposed attention output saved for the backward was stored channels-last, (4, 4, 16, 256)
+    with strides (16384, 1, 1024, 4), in a buffer of its own beside the attention's output."""
+    if getattr(_seen, "preferred", None) is None or aliased_input(node) is None or is_getitem(node):
+        return False
+    val, laid = node.meta.get("val"), laid_out(node)
+    if not isinstance(val, torch.Tensor) or laid is None:
+        return False
+    stored = _stored_output(node)
+    return any(size > 1 and a != b for size, a, b in zip(val.shape, laid.stride(), stored))
+
+
+def _stored_output(node: fx.Node) -> tuple[int, ...]:
+    """The strides a forward (within a walk with ``preferred``) stores its output ``node`` with:
+    channels-last where it is 4-D, dense and among the nodes inductor prefers channels-last
+    (downstream of a convolution, up to the last one, or upstream of one:
+    ``GraphLowering.find_nodes_prefer_channels_last``), whatever the value means; else as
+    traced (``GraphLowering.run_node`` for a graph's outputs)."""
+    val = node.meta["val"]
+    if (val.dim() == 4 and node in (_seen.preferred or ())
+            and _dense_strides(val) == tuple(val.stride())):
+        return _channels_last_strides(val.shape)
+    return tuple(val.stride())
 
 
 def laid_out(node: fx.Node) -> torch.Tensor | None:
@@ -911,9 +946,142 @@ def _laid_out(node: fx.Node, val: torch.Tensor):
         return _convolved(node, 0)
     if is_getitem(node) and getattr(node.args[0], "target", None) in CONVOLUTIONS:
         return _convolved(node.args[0], node.args[1])
+    if node.op == "placeholder" and node.name in _seen.layout:  # stored by the forward
+        strides = _seen.layout[node.name]
+        return val if strides == tuple(val.stride()) else _restrided(val, strides)
+    if val.dim() == 4 and node.op == "call_function" and fusible(node) and (fixed := _fixed_layout(node, val)) is not None:
+        return fixed
     if val.dim() == 4 and not val.is_contiguous(memory_format=torch.channels_last) and _stored_channels_last(node):
         return _restrided(val, _channels_last_strides(val.shape))
     return val
+
+
+# readers that, among several, fix a value's layout to its propagated strides' order as it is
+# lowered (inductor's GraphLowering.run_node)
+_FIXING_READERS = (torch.ops.aten.mm.default, torch.ops.aten.convolution_backward.default,
+                   torch.ops.aten._int_mm.default)
+
+
+def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
+    """The layout inductor fixes pointwise ``node``'s buffer in before it could choose one by its
+    loads, or None where nothing fixes it. In inductor's order: as ``node`` is lowered, among
+    several readers an ``mm`` or a convolution backward fixes it in the order of its propagated
+    strides (:func:`_propagated`); else the first reader in graph order that inductor does not
+    generate code for (a library kernel, a matrix product) fixes it: through a view, channels-last only where the propagated strides are
+    (``ExternKernel.convert_to_reinterpret_view``); reading ``node`` itself, a convolution
+    channels-last (a convolution backward its gradient as its input is laid out, where inductor
+    lowers it itself), one with a layout constraint in the propagated order, any other
+    contiguous (``ExternKernel.process_kernel``).
+    On an H200 (torch 2.11), a ConvNeXt-V2 backward's residual gradient, the sum of two
+    channels-last values read by the next ``mm`` through a permute and a reshape, was stored
+    contiguous in a buffer of its own, its propagated strides being neither contiguous nor
+    channels-last, where the memory model had written it in place of one of them (36.8 MiB over
+    the simulated peak at budget 0). On the CPU (torch 2.13) these rules make the model's writes
+    in place those of inductor's code on a ConvNeXt-like block; the H200's case is not yet
+    reproduced: there the propagated strides found here are not inductor's."""
+    if getattr(_seen, "preferred", None) is not None and node in _graph_outputs(node.graph):
+        return _restrided(val, _stored_output(node))
+    propagated = _propagated(node)
+    forward = getattr(_seen, "joint_forward", None)  # a joint graph: only readers compiled with node
+    lowered_with = (lambda reader: True) if forward is None else (lambda reader: (reader in forward) == (node in forward))
+    users = [user for user in node.users if lowered_with(user)]
+    if len(users) > 1 and any(user.target in _FIXING_READERS for user in users):
+        return _restrided(val, _dense_strides(propagated))
+    from planner._torch_compat import inductor_fixes_layout, inductor_lays_out_convolution_gradient
+
+    order = _graph_order(node.graph)
+    for reader in sorted(filter(lowered_with, readers(node)), key=order.__getitem__):
+        if reader.op != "call_function" or fuses_producers(reader) or _name(reader.target) in _RANDOM_PRIMS:
+            continue  # generated code: reads the value wherever it is laid out
+        if reader not in node.users:  # through a view
+            channels_last = _channels_last_4d(propagated)
+        elif reader.target is torch.ops.aten.convolution.default and node in reader.args[:2]:
+            channels_last = True
+        elif (reader.target is torch.ops.aten.convolution_backward.default and node is reader.args[0]
+              and inductor_lays_out_convolution_gradient()):  # as the convolution's input is
+            channels_last = _channels_last_4d(laid_out(reader.args[1]))
+        elif inductor_fixes_layout(reader.target):  # its constraint: the propagated order
+            return _restrided(val, _dense_strides(propagated))
+        else:
+            channels_last = False
+        return _restrided(val, _channels_last_strides(val.shape) if channels_last else _contiguous_strides(val.shape))
+    return None
+
+
+def _graph_outputs(graph: fx.Graph) -> frozenset[fx.Node]:
+    return _seen_or_found(6, (graph, "outputs"), lambda: frozenset(
+        a for out in graph.find_nodes(op="output") for a in torch.utils._pytree.tree_leaves(out.args)
+        if isinstance(a, fx.Node)))
+
+
+def _graph_order(graph: fx.Graph) -> dict[fx.Node, int]:
+    return _seen_or_found(6, (graph, "order"), lambda: {n: k for k, n in enumerate(graph.nodes)})
+
+
+def _dense_strides(val: torch.Tensor) -> tuple[int, ...]:
+    """Dense strides in the order of ``val``'s."""
+    meta = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device="meta")
+    return tuple(torch.empty_like(meta).stride())
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    return torch.empty(tuple(shape), device="meta").stride()
+
+
+def _propagated(node: fx.Node) -> torch.Tensor | None:
+    """``node``'s value as inductor's fake-tensor propagation over its graph gives it before
+    lowering (``compile_fx``'s ``fake_tensor_prop``): from the graph's inputs as stored (their
+    :func:`laid_out`, the forward's outputs for a backward), each op by its own stride rules.
+    These are the strides inductor reads where it fixes a layout (:func:`_fixed_layout`). The
+    trace's where no input of the walked graph is stored otherwise than traced."""
+    val = node.meta.get("val")
+    if not getattr(_seen, "layout", None):  # no carried names: the graph's inputs are as traced
+        return val
+    found = _seen_or_found(6, (node.graph, "propagated"), lambda: _propagate(node.graph))
+    return found.get(node, val)
+
+
+def _propagate(graph: fx.Graph) -> dict[fx.Node, object]:
+    """:func:`_propagated` for every node of ``graph`` whose value differs from the trace's
+    (those downstream of an input laid out otherwise); a node whose inputs are all as traced
+    keeps its traced value, and one whose op cannot be replayed on fake tensors too."""
+    env: dict[fx.Node, object] = {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            laid = laid_out(node)
+            if laid is not None and laid is not node.meta.get("val"):
+                env[node] = laid
+            continue
+        if (node.op != "call_function" or not any(inp in env for inp in node.all_input_nodes)
+                or getattr(getattr(node.target, "_schema", None), "is_mutable", False)):
+            continue
+        if is_getitem(node):
+            outs = env.get(node.args[0])
+            if isinstance(outs, (tuple, list)) and node.args[1] < len(outs):
+                env[node] = outs[node.args[1]]
+            continue
+        args, kwargs = torch.utils._pytree.tree_map_only(
+            fx.Node, lambda a: env.get(a, a.meta.get("val")), (node.args, node.kwargs))
+        mode = next((a.fake_mode for a in torch.utils._pytree.tree_leaves(args)
+                     if isinstance(a, torch._subclasses.FakeTensor)), None)
+        if mode is None:
+            continue
+        try:
+            with mode:
+                out = node.target(*args, **kwargs)
+        except Exception:  # noqa: BLE001  (kept as traced)
+            continue
+        if not _strided_alike(out, node.meta.get("val")):
+            env[node] = out
+    return env
+
+
+def _strided_alike(a: object, b: object) -> bool:
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_strided_alike(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return tuple(a.shape) == tuple(b.shape) and tuple(a.stride()) == tuple(b.stride())
+    return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
 
 
 def _viewed(node: fx.Node, base: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
@@ -986,7 +1154,7 @@ def _stored_channels_last(node: fx.Node) -> bool:
     """Inductor stores 4-D ``node`` channels-last (see :func:`laid_out`; within a walk with the
     layout optimisation on)."""
     if node.op == "placeholder":
-        return node.name in _seen.layout  # the carried names
+        return False  # stored as :func:`_laid_out` reads from the carried strides
     if not fusible(node):
         return False
     votes = 0
@@ -1158,9 +1326,13 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
     walk = _Walk(fuse)
     fwd_out = _outputs(forward)
     channels_last = fuse and convolutions_laid_out(list(forward.graph.nodes))
-    with _laid_out_channels_last(channels_last):
+    from planner._torch_compat import inductor_prefers_channels_last
+
+    preferred = inductor_prefers_channels_last(forward.graph) if channels_last else frozenset()
+    with _laid_out_channels_last(channels_last, preferred=preferred):
         walk.run(forward, "forward", keep=fwd_out)
-        stored_channels_last = {out for out in fwd_out[num_fwd_outputs:] if _channels_last_4d(laid_out(out))}
+        stored = {out: _stored_output(out) for out in fwd_out[num_fwd_outputs:]
+                  if isinstance(out.meta.get("val"), torch.Tensor)}
     forward_end = walk.total
     to_caller = _outputs(forward, raw=True)[:num_fwd_outputs]  # by place, as the caller gets them
     kept = [out for k, out in enumerate(to_caller) if k not in released and isinstance(out, fx.Node)]
@@ -1168,8 +1340,8 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
     saved_keys = [walk.keys.get(out, ()) for out in fwd_out[num_fwd_outputs:]]
     inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
     carried = dict(zip(inputs, saved_keys))
-    carried_channels_last = [p.name for p, out in zip(inputs, fwd_out[num_fwd_outputs:]) if out in stored_channels_last]
-    with _laid_out_channels_last(channels_last, carried_channels_last):
+    carried_strides = {p.name: stored[out] for p, out in zip(inputs, fwd_out[num_fwd_outputs:]) if out in stored}
+    with _laid_out_channels_last(channels_last, carried_strides):
         walk.run(backward, "backward", keep=_outputs(backward), carried=carried, held=held)
     peak_live = walk.peak_live
     at_peak = tuple(sorted(((key[0], "/".join(map(str, key[1:])), walk.size[key]) for key in peak_live),
@@ -1208,6 +1380,7 @@ class _Walk:
         self.keys: dict[fx.Node, tuple] = {}
         self.steps: list[tuple[str, str, int]] = []
         self.copies: dict[fx.Node, int] = {}
+        self.output_copies: set[fx.Node] = set()
         self.paths: dict[fx.Node, dict[tuple, object]] = {}  # tuple-valued nodes: index path -> storage
         self.total = 0  # bytes of the storages in ``live``
         self.clock = 0  # steps walked, both modules
@@ -1225,6 +1398,7 @@ class _Walk:
         if self.fuse and phase == "forward":
             nodes = placed_order(nodes, {n for n in nodes if _fused_into_producer(n)})
         self.copies = layout_copies(nodes) if self.fuse and phase == "forward" else {}
+        self.output_copies = {out for out in keep if isinstance(out, fx.Node) and _copied_output(out)}
         self.far = far_epilogues(nodes, self.fuse) if phase == "backward" else frozenset()
         self.kernels += _kernels(nodes, self.fuse, self.far)
         keys: dict[fx.Node, tuple] = {}
@@ -1314,6 +1488,8 @@ class _Walk:
             return (), ()
         base = _shared_input(node)
         if base is not None:
+            if node in self.output_copies:  # stored for the backward in a layout of its own
+                return self._new((phase, node.name), _value_bytes(node.meta.get("val")))
             return keys.get(base, ()), ()
         if is_getitem(node):  # one output of a multi-output op, or a tuple of them (nested)
             index = node.args[1]
@@ -1352,7 +1528,7 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     """The :class:`Schedule` of a joint graph, over its forward nodes and backward steps."""
     # the joint graph is only read here (Llama's problem: 3.02 s to 0.15 s, docs/plan-time-cpu.md)
     channels_last = fuse and convolutions_laid_out([*joint.primals, *joint.forward_nodes])
-    with _graphs_unchanged(), _laid_out_channels_last(channels_last):
+    with _graphs_unchanged(), _laid_out_channels_last(channels_last, joint_forward=joint.forward_nodes):
         return _build_schedule(joint, fuse)
 
 

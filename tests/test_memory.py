@@ -1100,3 +1100,104 @@ def test_values_are_written_in_place_as_inductor_lays_them_out_channels_last():
     product_buffer = re.search(r"extern_kernels\.(?:add)?mm\([^\n]*out=(buf\d+)\)", forward_code).group(1)
     b = product_buffer
     assert re.search(rf"= (?:{b}|reinterpret_tensor\({b}, [^\n]*\)); del {b}  # reuse", forward_code), forward_code
+
+
+class _ConvReluLinear(torch.nn.Module):
+    """A convolution, a ReLU, and a linear layer over the last (width) dimension, whose matrix
+    product reads the ReLU through a reshape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.linear(torch.relu(self.conv(x)))
+
+
+def test_a_library_kernel_reading_a_value_through_a_view_fixes_its_layout():
+    """Inductor's layout optimisation stores the convolution's output channels-last, and the ReLU
+    of it, voted by its one load, would be too; but the matrix product reads the ReLU through a
+    reshape, and inductor fixes the ReLU's buffer contiguous as it lowers the product, its traced
+    strides not being channels-last. ``laid_out`` says so, and inductor's CPU
+    code allocates the ReLU's buffer contiguous."""
+    from torch._inductor.utils import run_and_get_code
+
+    import planner.memory as memory
+
+    x = torch.randn(4, 16, 8, 8)
+    joint = planner.capture(_ConvReluLinear(), [x], codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    forward, _ = emit(joint.copy(), problem, [])
+    nodes = list(forward.graph.nodes)
+    relu = next(n for n in nodes if n.target is aten.relu.default)
+    assert memory.convolutions_laid_out(nodes) and relu not in memory._graph_outputs(forward.graph)
+    with memory._graphs_unchanged(), memory._laid_out_channels_last(True):
+        conv = next(n for n in nodes if n.target is aten.convolution.default)
+        assert memory.laid_out(conv).is_contiguous(memory_format=torch.channels_last)
+        assert memory._fixed_layout(relu, relu.meta["val"]) is not None
+        assert memory.laid_out(relu).is_contiguous()
+    torch._dynamo.reset()
+    model = _ConvReluLinear()
+    with torch.no_grad():
+        _, (code, *_) = run_and_get_code(torch.compile(model), x)
+    assert "(4, 16, 8, 8), (1024, 64, 8, 1)" in code, code  # the ReLU, contiguous
+    assert "(4, 16, 8, 8), (1024, 1, 128, 16)" in code, code  # the convolution's output, channels-last
+
+
+class _AttentionAfterConvolution(torch.nn.Module):
+    """A convolution, then two attention blocks over its pixels whose projections are 1x1
+    convolutions (CoAtNet's attention stages): queries, keys and values are made contiguous,
+    and the attention's output is transposed back for the projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 64, 3, padding=1)
+        self.qkv = torch.nn.ModuleList(torch.nn.Conv2d(64, 192, 1) for _ in range(2))
+        self.proj = torch.nn.ModuleList(torch.nn.Conv2d(64, 64, 1) for _ in range(2))
+
+    def forward(self, x, y):
+        x = self.stem(x)
+        batch, channels, height, width = x.shape
+        for qkv, proj in zip(self.qkv, self.proj):
+            q, k, v = qkv(x).view(batch, 4, 3 * channels // 4, -1).chunk(3, dim=2)
+            o = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(-1, -2).contiguous() for t in (q, k, v)))
+            x = proj(o.transpose(-1, -2).reshape(batch, -1, height, width)) + x
+        return torch.nn.functional.cross_entropy(x.mean((2, 3))[:, :10], y)
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.5])
+def test_the_simulation_carries_the_storages_the_compiled_forward_saves(monkeypatch, budget):
+    """Inductor stores a forward's 4-D outputs channels-last where they follow a convolution,
+    whatever they mean: the attention's transposed output, saved for the projection's backward
+    beside the attention's own output, is then a buffer of its own, not a view of that output.
+    The storages the simulation carries into the backward are those the compiled step saves
+    (inductor's CPU code; parameters and inputs left out), in number and in bytes."""
+    import planner.memory as memory
+
+    found = []
+    walk = memory._Walk.run
+
+    def spy(self, gm, phase, keep, carried=None, held=frozenset()):
+        done = walk(self, gm, phase, keep, carried, held)
+        if phase == "backward":
+            keys = {key for found in carried.values() for key in found}
+            found.append((len(keys), sum(self.size[key] for key in keys)))
+        return done
+
+    monkeypatch.setattr(memory._Walk, "run", spy)
+    torch.manual_seed(0)
+    model, x, y = _AttentionAfterConvolution(), torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+    compiled = planner.compile(model, memory_budget=budget)
+    compiled(x, y).backward()  # planned (the last walk is the plan's) and compiled
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), x, y]}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in own:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        compiled(x, y).backward()
+    assert found[-1] == (len(saved), sum(saved.values()))

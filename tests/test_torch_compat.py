@@ -277,3 +277,44 @@ def test_planned_graphs_compute_a_long_expression_in_each_reader_as_the_memory_m
     assert forward.count("empty_strided_cpu((128, 48)") == 1  # the product alone
     timeline = plan.timeline
     assert max(b for phase, _, b in timeline.steps if phase == "forward") < 2 * 128 * 48 * 4  # one such buffer
+
+
+def test_inductor_prefers_channels_last_agrees_with_inductor_on_the_planned_forward(monkeypatch):
+    from torch._inductor.graph import GraphLowering
+
+    found = []
+    real = GraphLowering.find_nodes_prefer_channels_last
+
+    def spy(self):
+        answer = real(self)
+        found.append((self.module.graph, set(answer)))
+        return answer
+
+    monkeypatch.setattr(GraphLowering, "find_nodes_prefer_channels_last", spy)
+    model, inputs = MODELS["cnn"]()
+    torch.compile(model, backend=planner.backend(codegen="inductor", memory_budget=1.0, solver="greedy"))(*inputs).backward()
+    graph, answer = found[0]  # the forward
+    assert any(n.target is torch.ops.aten.convolution.default for n in answer)
+    assert _torch_compat.inductor_prefers_channels_last(graph) == answer
+
+
+def test_inductor_lays_out_convolution_gradient_says_whether_its_lowering_lays_it_out(monkeypatch):
+    """Where inductor lowers a convolution backward itself, the lowering lays out the gradient it
+    reads (channels-last, or the order of the weight's gradient); a fallback lays out nothing."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    laying_out = []
+    for name in ("require_channels_last", "require_stride_order"):
+        real = getattr(ir.ExternKernel, name).__func__
+
+        def spy(cls, x, *args, _real=real, **kwargs):
+            laying_out.append(getattr(V.graph.current_node, "target", None))
+            return _real(cls, x, *args, **kwargs)
+
+        monkeypatch.setattr(ir.ExternKernel, name, classmethod(spy))
+    model, inputs = MODELS["cnn"]()
+    torch.compile(model, backend=planner.backend(codegen="inductor", memory_budget=1.0, solver="greedy"))(*inputs).backward()
+    assert torch.ops.aten.convolution.default in laying_out  # the forward's, laid out channels-last
+    lowered = torch.ops.aten.convolution_backward.default in laying_out
+    assert _torch_compat.inductor_lays_out_convolution_gradient() == lowered
