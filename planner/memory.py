@@ -964,14 +964,17 @@ _FIXING_READERS = (torch.ops.aten.mm.default, torch.ops.aten.convolution_backwar
 
 def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
     """The layout inductor fixes pointwise ``node``'s buffer in before it could choose one by its
-    loads, or None where nothing fixes it. In inductor's order: as ``node`` is lowered, among
-    several readers an ``mm`` or a convolution backward fixes it in the order of its propagated
-    strides (:func:`_propagated`); else the first reader in graph order that inductor does not
-    generate code for (a library kernel, a matrix product) fixes it: through a view, channels-last only where the propagated strides are
-    (``ExternKernel.convert_to_reinterpret_view``); reading ``node`` itself, a convolution
-    channels-last (a convolution backward its gradient as its input is laid out, where inductor
-    lowers it itself), one with a layout constraint in the propagated order, any other
-    contiguous (``ExternKernel.process_kernel``).
+    loads, or None where nothing fixes it. In inductor's order: a forward's output as it is
+    stored (:func:`_stored_output`); among several readers, an ``mm`` or a convolution backward
+    fixes it in the order of its propagated strides (:func:`_propagated`) as ``node`` is lowered;
+    else the first reader in graph order that inductor does not generate code for (a library
+    kernel, a matrix product) fixes it:
+    - through a view, channels-last only where the propagated strides are
+      (``ExternKernel.convert_to_reinterpret_view``);
+    - reading ``node`` itself, a convolution channels-last; a convolution backward its gradient
+      as the convolution's input is laid out, where inductor lowers it itself; an op with a
+      layout constraint in the propagated order; any other contiguous
+      (``ExternKernel.process_kernel``).
     On an H200 (torch 2.11), a ConvNeXt-V2 backward's residual gradient, the sum of two
     channels-last values read by the next ``mm`` through a permute and a reshape, was stored
     contiguous in a buffer of its own, its propagated strides being neither contiguous nor
@@ -1010,8 +1013,7 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
 
 def _graph_outputs(graph: fx.Graph) -> frozenset[fx.Node]:
     return _seen_or_found(6, (graph, "outputs"), lambda: frozenset(
-        a for out in graph.find_nodes(op="output") for a in torch.utils._pytree.tree_leaves(out.args)
-        if isinstance(a, fx.Node)))
+        a for out in graph.find_nodes(op="output") for a in out.all_input_nodes))
 
 
 def _graph_order(graph: fx.Graph) -> dict[fx.Node, int]:
@@ -1060,10 +1062,9 @@ def _propagate(graph: fx.Graph) -> dict[fx.Node, object]:
             if isinstance(outs, (tuple, list)) and node.args[1] < len(outs):
                 env[node] = outs[node.args[1]]
             continue
-        args, kwargs = torch.utils._pytree.tree_map_only(
-            fx.Node, lambda a: env.get(a, a.meta.get("val")), (node.args, node.kwargs))
-        mode = next((a.fake_mode for a in torch.utils._pytree.tree_leaves(args)
-                     if isinstance(a, torch._subclasses.FakeTensor)), None)
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: env.get(a, a.meta.get("val")))
+        mode = next((val.fake_mode for inp in node.all_input_nodes
+                     if isinstance(val := env.get(inp, inp.meta.get("val")), torch._subclasses.FakeTensor)), None)
         if mode is None:
             continue
         try:
