@@ -898,8 +898,7 @@ def _copied_output(node: fx.Node) -> bool:
     val, laid = node.meta.get("val"), laid_out(node)
     if not isinstance(val, torch.Tensor) or laid is None:
         return False
-    stored = _stored_output(node)
-    return any(size > 1 and a != b for size, a, b in zip(val.shape, laid.stride(), stored))
+    return not _same_layout(laid, _restrided(val, _stored_output(node)))
 
 
 def _stored_output(node: fx.Node) -> tuple[int, ...]:
@@ -1154,9 +1153,7 @@ def _restrided(val: torch.Tensor, strides) -> torch.Tensor:
 def _stored_channels_last(node: fx.Node) -> bool:
     """Inductor stores 4-D ``node`` channels-last (see :func:`laid_out`; within a walk with the
     layout optimisation on)."""
-    if node.op == "placeholder":
-        return False  # stored as :func:`_laid_out` reads from the carried strides
-    if not fusible(node):
+    if not fusible(node):  # a placeholder too: :func:`_laid_out` reads the carried strides
         return False
     votes = 0
     for read in _loads(node):
