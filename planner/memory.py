@@ -892,12 +892,19 @@ def _copied_output(node: fx.Node) -> bool:
     copies to store it with :func:`_stored_output`'s strides, which its base's layout does not
     give it (``GraphLowering.run_node``'s ``require_stride_order`` on an output). On the CPU, a
     transposed attention output saved for the backward was stored channels-last, (4, 4, 16, 256)
-    with strides (16384, 1, 1024, 4), in a buffer of its own beside the attention's output."""
-    if getattr(_seen, "preferred", None) is None or aliased_input(node) is None or is_getitem(node):
+    with strides (16384, 1, 1024, 4), in a buffer of its own beside the attention's output. On
+    an H200 (torch 2.11), CoAtNet's attention output, a library kernel's, was stored
+    channels-last as it was lowered, and the projection's input, its view saved for the
+    backward, became a copy of its own (one 9.2 MiB buffer a layer, 4.8% of the budget-0 peak
+    the model had missed)."""
+    base = aliased_input(node)
+    if getattr(_seen, "preferred", None) is None or base is None or is_getitem(node):
         return False
     val, laid = node.meta.get("val"), laid_out(node)
-    if not isinstance(val, torch.Tensor) or laid is None:
+    if not isinstance(val, torch.Tensor):
         return False
+    if laid is None:  # a view its base's layout does not allow, where that layout is known
+        return laid_out(base) is not None
     return not _same_layout(laid, _restrided(val, _stored_output(node)))
 
 
@@ -941,6 +948,9 @@ def _laid_out(node: fx.Node, val: torch.Tensor):
     base = aliased_input(node)
     if base is not None and not is_getitem(node):
         return _viewed(node, base, val)
+    if (getattr(_seen, "preferred", None) is not None and node.op == "call_function"
+            and node in _graph_outputs(node.graph)):  # stored as it is lowered: later readers read that
+        return _restrided(val, _stored_output(node))
     if node.target in CONVOLUTIONS:
         return _convolved(node, 0)
     if is_getitem(node) and getattr(node.args[0], "target", None) in CONVOLUTIONS:
@@ -963,8 +973,8 @@ _FIXING_READERS = (torch.ops.aten.mm.default, torch.ops.aten.convolution_backwar
 
 def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
     """The layout inductor fixes pointwise ``node``'s buffer in before it could choose one by its
-    loads, or None where nothing fixes it. In inductor's order: a forward's output as it is
-    stored (:func:`_stored_output`); among several readers, an ``mm`` or a convolution backward
+    loads, or None where nothing fixes it (a forward's output is fixed before, as it is stored:
+    :func:`_laid_out`). In inductor's order: among several readers, an ``mm`` or a convolution backward
     fixes it in the order of its propagated strides (:func:`_propagated`) as ``node`` is lowered;
     else the first reader in graph order that inductor does not generate code for (a library
     kernel, a matrix product) fixes it:
@@ -981,8 +991,6 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
     the simulated peak at budget 0). On the CPU (torch 2.13) these rules make the model's writes
     in place those of inductor's code on a ConvNeXt-like block; on the H200 they are not yet
     measured."""
-    if getattr(_seen, "preferred", None) is not None and node in _graph_outputs(node.graph):
-        return _restrided(val, _stored_output(node))
     propagated = _propagated(node)
     forward = getattr(_seen, "joint_forward", None)  # a joint graph: only readers compiled with node
     lowered_with = (lambda reader: True) if forward is None else (lambda reader: (reader in forward) == (node in forward))

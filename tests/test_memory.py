@@ -1166,13 +1166,35 @@ class _AttentionAfterConvolution(torch.nn.Module):
         return torch.nn.functional.cross_entropy(x.mean((2, 3))[:, :10], y)
 
 
+class _AttentionAlongRows(torch.nn.Module):
+    """A convolution whose pixels attend along their rows (the rows as heads, the channels last),
+    the attention's output permuted back to channels first for a projection: a view that is
+    channels-last as traced, the attention's output being contiguous."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.qkv = torch.nn.Conv2d(16, 48, 1)
+        self.proj = torch.nn.Conv2d(16, 16, 1)
+
+    def forward(self, x, y):
+        x = self.stem(x)
+        q, k, v = (t.contiguous() for t in self.qkv(x).permute(0, 2, 3, 1).chunk(3, dim=-1))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        x = self.proj(o.permute(0, 3, 1, 2)) + x
+        return torch.nn.functional.cross_entropy(x.mean((2, 3))[:, :10], y)
+
+
 @pytest.mark.parametrize("budget", [0.0, 0.5])
-def test_the_simulation_carries_the_storages_the_compiled_forward_saves(monkeypatch, budget):
+@pytest.mark.parametrize("model_class", [_AttentionAfterConvolution, _AttentionAlongRows])
+def test_the_simulation_carries_the_storages_the_compiled_forward_saves(monkeypatch, budget, model_class):
     """Inductor stores a forward's 4-D outputs channels-last where they follow a convolution,
-    whatever they mean: the attention's transposed output, saved for the projection's backward
-    beside the attention's own output, is then a buffer of its own, not a view of that output.
-    The storages the simulation carries into the backward are those the compiled step saves
-    (inductor's CPU code; parameters and inputs left out), in number and in bytes."""
+    whatever they mean, and lays each out so as it lowers it: the attention's transposed output,
+    saved for the projection's backward beside the attention's own output, is then a buffer of
+    its own, not a view of that output; and so is a view of the attention's output where the
+    output's stored layout does not give the view's strides. The storages the simulation
+    carries into the backward are those the compiled step saves (inductor's CPU code;
+    parameters and inputs left out), in number and in bytes."""
     import planner.memory as memory
 
     found = []
@@ -1187,7 +1209,7 @@ def test_the_simulation_carries_the_storages_the_compiled_forward_saves(monkeypa
 
     monkeypatch.setattr(memory._Walk, "run", spy)
     torch.manual_seed(0)
-    model, x, y = _AttentionAfterConvolution(), torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+    model, x, y = model_class(), torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
     compiled = planner.compile(model, memory_budget=budget)
     compiled(x, y).backward()  # planned (the last walk is the plan's) and compiled
     own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), x, y]}
