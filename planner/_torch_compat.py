@@ -468,10 +468,11 @@ def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
 
 
 def inductor_lays_out_convolution_gradient() -> bool:
-    """Whether inductor lowers ``convolution_backward`` itself (torch 2.13), laying its gradient
-    out as the weight's gradient is laid out, channels-last where the convolution's input is
-    (``kernel.conv.convolution_backward_lowering``), where torch 2.11 runs it as a fallback
-    kernel, which fixes a flexible input contiguous."""
+    """Whether inductor lowers ``convolution_backward`` itself (torch 2.13), requiring the
+    output gradient it reads channels-last for a 2-D convolution under the layout optimisation
+    (else in the order of the weight's gradient: ``kernel.conv.convolution_backward_lowering``),
+    where torch 2.11 runs it as a fallback kernel, whose inputs are laid out as any fallback's
+    (:func:`inductor_fixes_layout`)."""
     from torch._inductor import lowering
 
     try:

@@ -976,13 +976,18 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
     loads, or None where nothing fixes it (a forward's output is fixed before, as it is stored:
     :func:`_laid_out`). In inductor's order: among several readers, an ``mm`` or a convolution backward
     fixes it in the order of its propagated strides (:func:`_propagated`) as ``node`` is lowered;
+    then, in a graph compiled on its own, a value several readers read and that reads more than
+    ``REALIZE_READS`` stored inputs is stored on reuse, channels-last where it is dense and
+    among the nodes inductor prefers channels-last in that graph
+    (``GraphLowering.run_node``'s ``maybe_apply_channels_last_stride_order``);
     else the first reader in graph order that inductor does not generate code for (a library
     kernel, a matrix product) fixes it:
     - through a view, channels-last only where the propagated strides are
       (``ExternKernel.convert_to_reinterpret_view``);
     - reading ``node`` itself, a convolution channels-last; a convolution backward its gradient
-      as the convolution's input is laid out, where inductor lowers it itself; an op with a
-      layout constraint in the propagated order; any other contiguous
+      channels-last too, where inductor lowers it itself (torch 2.13's lowering requires it so
+      for a 2-D convolution under the layout optimisation, whatever the input's layout); an op
+      with a layout constraint in the propagated order; any other contiguous
       (``ExternKernel.process_kernel``).
     On an H200 (torch 2.11), a ConvNeXt-V2 backward's residual gradient, the sum of two
     channels-last values read by the next ``mm`` through a permute and a reshape, was stored
@@ -997,7 +1002,13 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
     users = [user for user in node.users if lowered_with(user)]
     if len(users) > 1 and any(user.target in _FIXING_READERS for user in users):
         return _restrided(val, _dense_strides(propagated))
-    from planner._torch_compat import inductor_fixes_layout, inductor_lays_out_convolution_gradient
+    from planner._torch_compat import (inductor_fixes_layout, inductor_lays_out_convolution_gradient,
+                                       inductor_prefers_channels_last)
+
+    if (forward is None and len(node.users) > 1 and _dense_strides(propagated) == tuple(propagated.stride())
+            and node not in _graph_outputs(node.graph) and len(_leaf_reads(node, _OWN_DEPTH)) > REALIZE_READS
+            and node in _seen_or_found(6, (node.graph, "preferred"), lambda: inductor_prefers_channels_last(node.graph))):
+        return _restrided(val, _channels_last_strides(val.shape))  # stored on reuse, in a graph it is lowered apart
 
     order = _graph_order(node.graph)
     for reader in sorted(filter(lowered_with, readers(node)), key=order.__getitem__):
@@ -1008,8 +1019,8 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
         elif reader.target is torch.ops.aten.convolution.default and node in reader.args[:2]:
             channels_last = True
         elif (reader.target is torch.ops.aten.convolution_backward.default and node is reader.args[0]
-              and inductor_lays_out_convolution_gradient()):  # as the convolution's input is
-            channels_last = _channels_last_4d(laid_out(reader.args[1]))
+              and inductor_lays_out_convolution_gradient()):  # required channels-last for a 2-D convolution
+            channels_last = True
         elif inductor_fixes_layout(reader.target):  # its constraint: the propagated order
             return _restrided(val, _dense_strides(propagated))
         else:

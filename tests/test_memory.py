@@ -1223,3 +1223,92 @@ def test_the_simulation_carries_the_storages_the_compiled_forward_saves(monkeypa
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         compiled(x, y).backward()
     assert found[-1] == (len(saved), sum(saved.values()))
+
+
+class _LayerNorm2d(torch.nn.LayerNorm):
+    def forward(self, x):
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class _GlobalResponseNorm(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.full((dim,), 0.1))
+        self.bias = torch.nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        norm = torch.norm(x, p=2, dim=(1, 2), keepdim=True)
+        return x + torch.addcmul(self.bias, self.weight, x * (norm / (norm.mean(dim=-1, keepdim=True) + 1e-6)))
+
+
+class _ConvNeXtV2Like(torch.nn.Module):
+    """ConvNeXt-V2's stages, one block each: a patchifying stem and a layer norm over channels,
+    then per stage a downsampling convolution after such a norm (but the first), and a block of
+    a depthwise convolution, then over channels-last pixels (permuted there and back) a layer
+    norm, an MLP with a global response norm, added to the residual."""
+
+    def __init__(self, dims=(16, 32, 48, 64)) -> None:
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, dims[0], 4, stride=4), _LayerNorm2d(dims[0]))
+        self.downs = torch.nn.ModuleList([torch.nn.Identity()] + [
+            torch.nn.Sequential(_LayerNorm2d(a), torch.nn.Conv2d(a, b, 2, stride=2)) for a, b in zip(dims, dims[1:])])
+        self.depthwise = torch.nn.ModuleList(torch.nn.Conv2d(d, d, 7, padding=3, groups=d) for d in dims)
+        self.mlps = torch.nn.ModuleList(torch.nn.Sequential(
+            torch.nn.LayerNorm(d), torch.nn.Linear(d, 4 * d), torch.nn.GELU(), _GlobalResponseNorm(4 * d),
+            torch.nn.Linear(4 * d, d)) for d in dims)
+        self.norm = torch.nn.LayerNorm(dims[-1])
+
+    def forward(self, x, y):
+        x = self.stem(x)
+        for down, depthwise, mlp in zip(self.downs, self.depthwise, self.mlps):
+            x = down(x)
+            x = x + mlp(depthwise(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return torch.nn.functional.cross_entropy(self.norm(x.mean((2, 3)))[:, :10], y)
+
+
+def test_a_convolution_backward_lays_out_the_gradient_it_reads_as_inductor_does(monkeypatch):
+    """Where inductor lowers a convolution backward itself (torch 2.13), the lowering requires
+    the output gradient it reads channels-last, whatever the convolution's input; a gradient no
+    earlier reader fixed is then stored so. On the CPU, the gradients a ConvNeXt-V2-like model's
+    convolution backwards read are laid out in the memory model as inductor's code lays them
+    out (strides of the dimensions of more than one element), at budget 0. Among them, a
+    stage's residual gradient read by its downsampling convolution's backward, whose input
+    the model lays out otherwise."""
+    import planner.memory as memory
+    from planner._torch_compat import inductor_lays_out_convolution_gradient
+    from torch._inductor import graph as inductor_graph
+
+    if not inductor_lays_out_convolution_gradient():
+        pytest.skip("this torch runs a convolution backward as a fallback kernel")
+    lowered = {}
+    run_node = inductor_graph.GraphLowering.run_node
+
+    def lowering(self, node):
+        out = run_node(self, node)
+        if node.graph.find_nodes(op="call_function", target=aten.convolution_backward.default):
+            lowered[node.name] = out  # a backward's: laid out once it is compiled
+        return out
+
+    modelled = {}
+    walk = memory._Walk.run
+
+    def spy(self, gm, phase, keep, carried=None, held=frozenset()):
+        done = walk(self, gm, phase, keep, carried, held)
+        if phase == "backward":
+            modelled.clear()
+            for node in gm.graph.find_nodes(op="call_function", target=aten.convolution_backward.default):
+                grad = node.args[0]
+                if memory.fusible(grad) and memory.laid_out(grad) is not None:
+                    modelled[grad.name] = (tuple(grad.meta["val"].shape), memory.laid_out(grad).stride())
+        return done
+
+    monkeypatch.setattr(inductor_graph.GraphLowering, "run_node", lowering)
+    monkeypatch.setattr(memory._Walk, "run", spy)
+    torch.manual_seed(0)
+    model, x, y = _ConvNeXtV2Like(), torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    planner.compile(model, memory_budget=0.0)(x, y).backward()
+    assert modelled, "no gradient read by a convolution backward is stored"
+    for name, (shape, strides) in modelled.items():
+        layout = tuple(int(s) for s in lowered[name].get_layout().stride)
+        assert [s for n, s in zip(shape, strides) if n > 1] == [s for n, s in zip(shape, layout) if n > 1], (
+            name, strides, layout)
