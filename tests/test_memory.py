@@ -1241,28 +1241,36 @@ class _GlobalResponseNorm(torch.nn.Module):
         return x + torch.addcmul(self.bias, self.weight, x * (norm / (norm.mean(dim=-1, keepdim=True) + 1e-6)))
 
 
-class _ConvNeXtV2Like(torch.nn.Module):
-    """ConvNeXt-V2's stages, one block each: a patchifying stem and a layer norm over channels,
-    then per stage a downsampling convolution after such a norm (but the first), and a block of
-    a depthwise convolution, then over channels-last pixels (permuted there and back) a layer
-    norm, an MLP with a global response norm, added to the residual."""
+class _ConvNeXtV2Block(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.depthwise = torch.nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.mlp = torch.nn.Sequential(torch.nn.LayerNorm(dim), torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                       _GlobalResponseNorm(4 * dim), torch.nn.Linear(4 * dim, dim))
 
-    def __init__(self, dims=(16, 32, 48, 64)) -> None:
+    def forward(self, x):
+        return x + self.mlp(self.depthwise(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class _ConvNeXtV2Like(torch.nn.Module):
+    """ConvNeXt-V2's stages: a patchifying stem and a layer norm over channels, then per stage a
+    downsampling convolution after such a norm (but the first), and blocks of a depthwise
+    convolution, then over channels-last pixels (permuted there and back) a layer norm and an
+    MLP with a global response norm, added to the residual."""
+
+    def __init__(self, dims=(16, 32, 48, 64), depths=(2, 1, 1, 1)) -> None:
         super().__init__()
         self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, dims[0], 4, stride=4), _LayerNorm2d(dims[0]))
         self.downs = torch.nn.ModuleList([torch.nn.Identity()] + [
             torch.nn.Sequential(_LayerNorm2d(a), torch.nn.Conv2d(a, b, 2, stride=2)) for a, b in zip(dims, dims[1:])])
-        self.depthwise = torch.nn.ModuleList(torch.nn.Conv2d(d, d, 7, padding=3, groups=d) for d in dims)
-        self.mlps = torch.nn.ModuleList(torch.nn.Sequential(
-            torch.nn.LayerNorm(d), torch.nn.Linear(d, 4 * d), torch.nn.GELU(), _GlobalResponseNorm(4 * d),
-            torch.nn.Linear(4 * d, d)) for d in dims)
+        self.stages = torch.nn.ModuleList(torch.nn.Sequential(*(_ConvNeXtV2Block(d) for _ in range(n)))
+                                          for d, n in zip(dims, depths))
         self.norm = torch.nn.LayerNorm(dims[-1])
 
     def forward(self, x, y):
         x = self.stem(x)
-        for down, depthwise, mlp in zip(self.downs, self.depthwise, self.mlps):
-            x = down(x)
-            x = x + mlp(depthwise(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        for down, stage in zip(self.downs, self.stages):
+            x = stage(down(x))
         return torch.nn.functional.cross_entropy(self.norm(x.mean((2, 3)))[:, :10], y)
 
 
@@ -1305,10 +1313,72 @@ def test_a_convolution_backward_lays_out_the_gradient_it_reads_as_inductor_does(
     monkeypatch.setattr(inductor_graph.GraphLowering, "run_node", lowering)
     monkeypatch.setattr(memory._Walk, "run", spy)
     torch.manual_seed(0)
-    model, x, y = _ConvNeXtV2Like(), torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    model, x, y = _ConvNeXtV2Like(depths=(1, 1, 1, 1)), torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
     planner.compile(model, memory_budget=0.0)(x, y).backward()
     assert modelled, "no gradient read by a convolution backward is stored"
     for name, (shape, strides) in modelled.items():
         layout = tuple(int(s) for s in lowered[name].get_layout().stride)
         assert [s for n, s in zip(shape, strides) if n > 1] == [s for n, s in zip(shape, layout) if n > 1], (
             name, strides, layout)
+
+
+def test_a_view_a_library_kernel_reads_is_copied_where_its_base_is_laid_out_otherwise(monkeypatch):
+    """Inductor copies a view that a library kernel reads where the view's base, as laid out,
+    cannot give it: ConvNeXt-V2's residual gradient between two blocks of a stage is fixed
+    contiguous, and the block below reads it permuted to channels-last pixels and reshaped, in
+    two matrix products; one copy serves both (a buffer of its own as the view is lowered), or
+    a copy for its one reader (``copy_input`` as the reader is lowered). The views the memory
+    model counts as copies in the backward are those inductor copies (its CPU code), at budget
+    0."""
+    import planner.memory as memory
+    from torch._inductor import graph as inductor_graph
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    from planner.ops import aliased_input, is_getitem
+
+    lowered, copied_for = {}, set()
+    run_node, copy_input = inductor_graph.GraphLowering.run_node, ir.ExternKernel.copy_input
+
+    def lowering(self, node):
+        out = run_node(self, node)
+        if node.graph.find_nodes(op="call_function", target=aten.convolution_backward.default):
+            lowered[node.name] = out  # a backward's
+        return out
+
+    def copying(x):
+        if isinstance(x, ir.BaseView):  # a view no reinterpretation of its base's buffer gives
+            copied_for.add(getattr(V.graph.current_node, "name", None))
+        return copy_input(x)
+
+    counted, views = set(), {}
+    walk = memory._Walk.run
+
+    def spy(self, gm, phase, keep, carried=None, held=frozenset()):
+        done = walk(self, gm, phase, keep, carried, held)
+        if phase == "backward":
+            counted.clear()
+            counted.update(node.name for node in self.output_copies)
+            views.clear()
+            views.update((node.name, node) for node in gm.graph.nodes if aliased_input(node) is not None and not is_getitem(node))
+        return done
+
+    monkeypatch.setattr(inductor_graph.GraphLowering, "run_node", lowering)
+    monkeypatch.setattr(ir.ExternKernel, "copy_input", staticmethod(copying))
+    monkeypatch.setattr(memory._Walk, "run", spy)
+    torch.manual_seed(0)
+    model, x, y = _ConvNeXtV2Like(depths=(2, 1, 1, 1)), torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    planner.compile(model, memory_budget=0.0)(x, y).backward()
+
+    def buffer(name):
+        try:
+            return lowered[name].get_name()
+        except (KeyError, NotImplementedError, AttributeError):
+            return None
+
+    own = {name for name, node in views.items()
+           if buffer(name) is not None and buffer(aliased_input(node).name) not in (None, buffer(name))}
+    for_reader = {name for name, node in views.items() if any(r.name in copied_for for r in node.users)}
+    assert own, "no view of the backward is a buffer of its own"
+    assert own <= counted, (own, counted)
+    assert counted <= own | for_reader, (counted, own, for_reader)
