@@ -897,15 +897,25 @@ def _copied_output(node: fx.Node) -> bool:
     channels-last as it was lowered, and the projection's input, its view saved for the
     backward, became a copy of its own (one 9.2 MiB buffer a layer, 4.8% of the budget-0 peak
     the model had missed)."""
-    base = aliased_input(node)
-    if getattr(_seen, "preferred", None) is None or base is None or is_getitem(node):
+    if getattr(_seen, "preferred", None) is None or aliased_input(node) is None or is_getitem(node):
         return False
     val, laid = node.meta.get("val"), laid_out(node)
     if not isinstance(val, torch.Tensor):
         return False
-    if laid is None:  # a view its base's layout does not allow, where that layout is known
-        return laid_out(base) is not None
+    if laid is None:
+        return _unviewable(node)
     return not _same_layout(laid, _restrided(val, _stored_output(node)))
+
+
+def _unviewable(node: fx.Node) -> bool:
+    """View ``node`` is one its base's layout does not allow, where that layout is known."""
+    return laid_out(node) is None and laid_out(aliased_input(node)) is not None
+
+
+def _library_reader(reader: fx.Node) -> bool:
+    """``reader`` is a kernel inductor does not generate code for (a library kernel, a matrix
+    product), which reads its inputs wherever they are stored."""
+    return reader.op == "call_function" and not fuses_producers(reader) and _name(reader.target) not in _RANDOM_PRIMS
 
 
 def _copied_view(node: fx.Node) -> bool:
@@ -917,13 +927,9 @@ def _copied_view(node: fx.Node) -> bool:
     contiguous, was copied for the matrix products of the block below reading it through a
     permute and a reshape, (200704, 96) alive from the first product to the weight gradient's
     (36.8 MiB over the simulated peak at budget 0)."""
-    base = aliased_input(node)
-    if getattr(_seen, "layout", None) is None or base is None or is_getitem(node):
+    if getattr(_seen, "layout", None) is None or aliased_input(node) is None or is_getitem(node):
         return False
-    if laid_out(node) is not None or laid_out(base) is None:
-        return False
-    return any(reader.op == "call_function" and not fuses_producers(reader) and _name(reader.target) not in _RANDOM_PRIMS
-               for reader in readers(node))
+    return _unviewable(node) and any(_library_reader(reader) for reader in readers(node))
 
 
 def _stored_output(node: fx.Node) -> tuple[int, ...]:
@@ -1030,7 +1036,7 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
 
     order = _graph_order(node.graph)
     for reader in sorted(filter(lowered_with, readers(node)), key=order.__getitem__):
-        if reader.op != "call_function" or fuses_producers(reader) or _name(reader.target) in _RANDOM_PRIMS:
+        if not _library_reader(reader):
             continue  # generated code: reads the value wherever it is laid out
         if reader not in node.users:  # through a view
             channels_last = _channels_last_4d(propagated)
@@ -1415,7 +1421,7 @@ class _Walk:
         self.keys: dict[fx.Node, tuple] = {}
         self.steps: list[tuple[str, str, int]] = []
         self.copies: dict[fx.Node, int] = {}
-        self.output_copies: set[fx.Node] = set()
+        self.view_copies: set[fx.Node] = set()
         self.paths: dict[fx.Node, dict[tuple, object]] = {}  # tuple-valued nodes: index path -> storage
         self.total = 0  # bytes of the storages in ``live``
         self.clock = 0  # steps walked, both modules
@@ -1433,7 +1439,7 @@ class _Walk:
         if self.fuse and phase == "forward":
             nodes = placed_order(nodes, {n for n in nodes if _fused_into_producer(n)})
         self.copies = layout_copies(nodes) if self.fuse and phase == "forward" else {}
-        self.output_copies = ({out for out in keep if isinstance(out, fx.Node) and _copied_output(out)}
+        self.view_copies = ({out for out in keep if isinstance(out, fx.Node) and _copied_output(out)}
                               | {node for node in nodes if _copied_view(node)})
         self.far = far_epilogues(nodes, self.fuse) if phase == "backward" else frozenset()
         self.kernels += _kernels(nodes, self.fuse, self.far)
@@ -1524,7 +1530,7 @@ class _Walk:
             return (), ()
         base = _shared_input(node)
         if base is not None:
-            if node in self.output_copies:  # stored in a layout of its own (for the backward, or a library kernel)
+            if node in self.view_copies:  # stored in a layout of its own (for the backward, or a library kernel)
                 return self._new((phase, node.name), _value_bytes(node.meta.get("val")))
             return keys.get(base, ()), ()
         if is_getitem(node):  # one output of a multi-output op, or a tuple of them (nested)

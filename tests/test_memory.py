@@ -1358,7 +1358,7 @@ def test_a_view_a_library_kernel_reads_is_copied_where_its_base_is_laid_out_othe
         done = walk(self, gm, phase, keep, carried, held)
         if phase == "backward":
             counted.clear()
-            counted.update(node.name for node in self.output_copies)
+            counted.update(node.name for node in self.view_copies)
             views.clear()
             views.update((node.name, node) for node in gm.graph.nodes if aliased_input(node) is not None and not is_getitem(node))
         return done
