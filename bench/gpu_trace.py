@@ -93,15 +93,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=_model_names(), default="gpt")
     parser.add_argument("--budget", type=float, default=1.0)
-    parser.add_argument("--solver", default="cpsat")
-    parser.add_argument("--codegen", choices=["inductor", "eager"], default="inductor")
-    parser.add_argument("--time-limit", type=float, default=30.0)
+    parser.add_argument("--solver", help="default: the planner's")
+    parser.add_argument("--codegen", choices=["inductor", "eager"], help="default: the planner's")
+    parser.add_argument("--time-limit", type=float, help="default: the planner's (so a zoo run's plans, kept in "
+                        "$ACPLAN_CACHE_DIR, are the ones traced)")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
     base, batch = _model(args.model)
     model = copy.deepcopy(base)
-    backend = planner.backend(planner.PlannerConfig(codegen=args.codegen, memory_budget=args.budget, solver=args.solver,
-                                                    time_limit=args.time_limit))
+    chosen = {"codegen": args.codegen, "solver": args.solver, "time_limit": args.time_limit}
+    backend = planner.backend(memory_budget=args.budget, **{k: v for k, v in chosen.items() if v is not None})
     events, forward_events = trace_step(torch.compile(planner.own_frame(model), backend=backend),
                                         list(model.parameters()), batch)
     peak, blocks, k = alive_at_peak(events)

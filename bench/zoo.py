@@ -32,6 +32,7 @@ from bench import fastest_within, merge_runs, save_rows
 
 RESULTS = Path(__file__).parent / "results"
 GIB = 2**30
+MIB = 2**20
 TORCH_BUDGETS = [1.0, 0.5, 0.2, 0.0]
 BUDGETS = [1.0, 0.5, 0.2, 0.0]
 HOST_BOUND = 0.8  # a step whose launches take this share of its time waits on the host
@@ -64,6 +65,8 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
         save()
         print(_row(mine[-1]), flush=True)
         print(_forward_line(mine[-1]), flush=True)
+        if mine[-1].get("stores_against_inductor"):
+            print(_stores_line(mine[-1]), flush=True)
 
     def failed(row: dict, err: Exception) -> None:
         """A method whose step raised: its row says why (the last line of the error), holds no
@@ -102,6 +105,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
                     "time_limits": [g.decision.stats.get("time_limit") for g in backend.graphs],
                     "pytorch_split_seconds": [g.decision.stats.get("pytorch_split_seconds") for g in backend.graphs],
                     "fast_end_kernels": [g.decision.stats.get("fast_end_kernels") for g in backend.graphs],
+                    "stores_against_inductor": backend.stores_against_inductor(),
                     "fusions_refused": backend.fusions_refused.refused,
                     "fusions_refused_across": backend.fusions_refused.refused_across}
         record({"method": "planner", "budget": budget, "matched": matched}, compiled, model, details)
@@ -184,6 +188,25 @@ def _forward_line(row: dict) -> str:
                f"; fusions refused in planned backwards {row['fusions_refused']} ({row['fusions_refused_across']} across layers)")
     return (f"  forward peak {gib('forward_peak_bytes')} (predicted {gib('predicted_forward_peak_bytes')}), "
             f"held for the backward {gib('held_after_forward_bytes')} (predicted {gib('predicted_held_bytes')}){refused}")
+
+
+def _stores_line(row: dict, shown: int = 3) -> str:
+    """The values inductor's code for the planned graphs stores that the memory model computes
+    inside their readers (:meth:`planner.compiler.PlannerBackend.stores_against_inductor`), per
+    phase over the graphs: MiB, count and the largest named. Not all of them are alive at the
+    peak; the JSON also has the other direction (values the model stores that no buffer of the
+    code holds, by the nodes inductor names as each buffer's origins)."""
+    lines = []
+    for phase in ("forward", "backward"):
+        reports = [graph[phase] for graph in row["stores_against_inductor"] if phase in graph]
+        errors = [r["error"] for r in reports if "error" in r]
+        missed = {name if len(reports) == 1 else f"{k}:{name}": nbytes for k, r in enumerate(reports)
+                  for name, nbytes in r.get("unmodelled", {}).items()}
+        largest = ", ".join(f"{name} {nbytes / MIB:.1f}" for name, nbytes in sorted(missed.items(), key=lambda kv: -kv[1])[:shown])
+        if reports:
+            lines.append(f"{phase} {sum(missed.values()) / MIB:.1f} MiB in {len(missed)}" + (f" ({largest})" if largest else "")
+                         + (f", {errors[0]}" if errors else ""))
+    return "  stored by inductor, fused in the memory model: " + "; ".join(lines)
 
 
 def targets(rows: list[dict], slack: float = 1.01) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+from types import SimpleNamespace
 
 from typing import Any, Callable, Collection
 
@@ -32,6 +33,8 @@ __all__ = [
     "split_saved_names",
     "pytorch_split_modules",
     "compiled_as_pytorch",
+    "report_kept_buffers",
+    "kept_buffers",
     "compiling_frame",
     "mutated_primals",
     "gpu_spin",
@@ -216,7 +219,10 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
             # The split depends on the plan, so no compiled artefact may be reused across plans.
             return None
 
+    lowered = SimpleNamespace(graph=None)  # the graph inductor is compiling, seen after fusion
     own = {"allow_buffer_reuse": False, "post_grad_custom_post_pass": products_apart(inductor_config.post_grad_custom_post_pass)}
+    if hasattr(inductor_config, "_post_fusion_custom_pass"):  # 2.11 and 2.13 have it
+        own["_post_fusion_custom_pass"] = _remember_graph(lowered, inductor_config._post_fusion_custom_pass)
     if hasattr(inductor_config, "_pre_fusion_custom_pass"):  # 2.11 and 2.13 have it
         own["_pre_fusion_custom_pass"] = fusion_distance_guard(counts=fusions)
     if hasattr(inductor_config, "reorder_for_peak_memory"):
@@ -228,13 +234,23 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
 
         raise ConfigError(f"inductor_options: inductor has no setting {', '.join(unknown)}; see torch._inductor.config")
     # PyTorch's own split gets the products kept apart too: the memory model counts them so
-    stock = {key: getattr(inductor_config, key) for key in own if key != "post_grad_custom_post_pass"} | dict(options or {})
+    # (and the graph remembered, so that what its code keeps can be reported for it too)
+    unchanged = ("post_grad_custom_post_pass", "_post_fusion_custom_pass")
+    stock = {key: getattr(inductor_config, key) for key in own if key not in unchanged} | dict(options or {})
 
     def inner_compile(module: fx.GraphModule, inputs: list, **kwargs: Any) -> Any:
-        if not compiled_as_pytorch(module):
-            return compile_fx_inner(module, inputs, **kwargs)
-        with inductor_config.patch(stock):
-            return compile_fx_inner(module, inputs, **kwargs)
+        request = next(iter(module.graph.find_nodes(op="output"))).meta.get(_KEPT)
+        lowered.graph = None
+        with inductor_config.patch(stock) if compiled_as_pytorch(module) else contextlib.nullcontext():
+            compiled = compile_fx_inner(module, inputs, **kwargs)
+        if request is not None and lowered.graph is not None:
+            into, phase = request
+            try:  # a report on the compiled code: it must not fail the compile
+                into[phase] = kept_buffers(lowered.graph)
+            except Exception as err:  # noqa: BLE001 - said in the report
+                into[phase] = f"not read: {type(err).__name__}: {err}"
+        lowered.graph = None
+        return compiled
 
     patches = {"custom_partitioner_fn": _Partitioner(), "fx_graph_cache": False, **own, **(options or {})}
     # config_patches, unlike a patch around the call, also covers a backward compiled lazily
@@ -242,6 +258,56 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
 
 
 _AS_PYTORCH = "acplan_compiled_as_pytorch"  # output node meta: compile this module as torch.compile does
+_KEPT = "acplan_kept_buffers"  # output node meta: where the compile reports the buffers its code keeps
+
+
+def _remember_graph(lowered: Any, then: Callable | None) -> Callable:
+    """An inductor post-fusion pass that notes the graph being compiled in ``lowered.graph``
+    (:func:`inductor_compile` reads its buffers once its code is written), then runs ``then``."""
+    def remember(nodes: list) -> list:
+        from torch._inductor.virtualized import V
+
+        lowered.graph = V.graph
+        return nodes if then is None else then(nodes)
+
+    return remember
+
+
+def report_kept_buffers(module: fx.GraphModule, into: dict, phase: str) -> None:
+    """Have :func:`inductor_compile` put in ``into[phase]``, once it has compiled ``module``,
+    what the code it wrote keeps (:func:`kept_buffers`). The request sits on the output node,
+    which the copies AOTAutograd makes of a module keep (as :func:`compiled_as_pytorch`'s mark)."""
+    next(iter(module.graph.find_nodes(op="output"))).meta[_KEPT] = (into, phase)
+
+
+def kept_buffers(graph: Any) -> tuple[list[tuple[int, tuple[str, ...]]], frozenset[str]]:
+    """The buffers an inductor ``GraphLowering`` whose code is written allocates, each as its
+    bytes and the names of the fx nodes whose value it may hold, and the names of all the nodes
+    it lowered.
+
+    Left out: buffers inductor removed (a fused kernel's local ones, those written in place of an
+    input), and outputs with no storage of their own (a multi-output kernel's, a mutation's). A
+    buffer holds the value of the node whose lowering made it, when inductor says which; else (a
+    value stored when a later reader asks for it, such as a matrix product) of one of the nodes
+    computed into it, named latest first."""
+    from torch._inductor import ir
+
+    removed = set(graph.removed_buffers) | set(graph.inplaced_to_remove)
+    place = {node: k for k, node in enumerate(graph.module.graph.nodes)}
+    no_storage = tuple(getattr(ir, name) for name in ("NoneLayout", "MultiOutputLayout", "MutationLayoutSHOULDREMOVE")
+                       if hasattr(ir, name))
+    hint = getattr(graph.sizevars, "optimization_hint", None) or graph.sizevars.size_hint  # 2.13, 2.11
+    kept = []
+    for buf in graph.buffers:
+        layout = getattr(buf, "layout", None)
+        if buf.get_name() in removed or layout is None or isinstance(layout, no_storage):
+            continue
+        node = getattr(buf, "origin_node", None)
+        origins = ((node,) if node is not None else
+                   tuple(sorted((n for n in getattr(buf, "origins", ()) if n in place), key=place.__getitem__, reverse=True)))
+        if origins:
+            kept.append((int(hint(layout.storage_size())) * buf.get_dtype().itemsize, tuple(n.name for n in origins)))
+    return kept, frozenset(node.name for node in place)
 
 
 def compiled_as_pytorch(module: fx.GraphModule, mark: bool = False) -> bool:
@@ -459,8 +525,6 @@ def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
     """Whether inductor lays out a training forward graph of ``nodes`` channels-last (its layout
     optimisation, decided by ``GraphLowering.decide_layout_opt``, which reads only the graph's
     nodes): it then copies every 4-D input and weight of a convolution to channels-last."""
-    from types import SimpleNamespace
-
     from torch._inductor.graph import GraphLowering
 
     module = SimpleNamespace(graph=SimpleNamespace(nodes=list(nodes)))
@@ -488,8 +552,6 @@ def inductor_prefers_channels_last(graph: fx.Graph) -> frozenset[fx.Node]:
     (``GraphLowering.find_nodes_prefer_channels_last``, which reads only the graph's nodes): a
     convolution's inputs and outputs, what flows into them, and what flows from them up to the
     last convolution."""
-    from types import SimpleNamespace
-
     from torch._inductor.graph import GraphLowering
 
     return frozenset(GraphLowering.find_nodes_prefer_channels_last(SimpleNamespace(module=SimpleNamespace(graph=graph))))

@@ -29,7 +29,7 @@ from planner.emit import Transfer, emit
 from planner.errors import InfeasibleBudget, PlanFileError
 from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph, copy_module
-from planner.memory import Timeline, simulate
+from planner.memory import Timeline, simulate, stores_against_inductor
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
 from solvers import get_solver
 from solvers.base import Solver, relative_gap
@@ -678,6 +678,10 @@ class PlannerBackend:
     ``fusions_refused`` (``refused``, ``refused_across``) counts, over its compiled graphs, the
     fusions inductor would have made in planned backwards that the compile guard refused
     (:func:`planner._torch_compat.fusion_distance_guard`; inductor codegen only).
+
+    ``kept`` holds, per planned graph (as ``graphs``), what inductor's code for each of its
+    phases compiled so far keeps (:func:`planner._torch_compat.kept_buffers`), and
+    :meth:`stores_against_inductor` where that differs from the simulation.
     """
 
     def __init__(self, config: PlannerConfig, fixed: GraphPlan | None = None, repeats: int = 1) -> None:
@@ -692,6 +696,7 @@ class PlannerBackend:
         self.runs: dict[Any, int] = {}
         self.graphs: list[GraphPlan] = []
         self.timelines: list[Timeline] = []
+        self.kept: list[dict[str, Any]] = []
         self.replanned: list[Any] = []
         # the latest timeline of each part of the step (a frame's graph, or each graph one compile
         # of a frame hands over), in the order they first compiled: a recompile of a frame (new
@@ -745,13 +750,18 @@ class PlannerBackend:
             forward, backward = emit(joint, graph_plan.problem, decision.saved, transfers)
         fuse = self.config.codegen == "inductor"
         timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=joint.released)
+        kept: dict[str, Any] = {}  # filled as inductor compiles each module
+        if fuse:
+            _torch_compat.report_kept_buffers(forward, kept, "forward")
+            _torch_compat.report_kept_buffers(backward, kept, "backward")
         if part is not None and part.released is None:  # kept to count again once a step shows what it frees
             part.simulated = (copy_module(forward), copy_module(backward), joint.num_fwd_outputs, fuse)
         if self._replanning is not None and part is not None and part.index >= 0:  # replaces its earlier plan
-            self.graphs[part.index], self.timelines[part.index] = graph_plan, timeline
+            self.graphs[part.index], self.timelines[part.index], self.kept[part.index] = graph_plan, timeline, kept
         else:
             self.graphs.append(graph_plan)
             self.timelines.append(timeline)
+            self.kept.append(kept)
             if part is not None:
                 part.index = len(self.graphs) - 1
         if part is not None and self._replans(key) and not part.seen:
@@ -824,6 +834,12 @@ class PlannerBackend:
         """Predicted peak of the step's forwards, and the bytes they leave alive for the backward."""
         held = sum(self._repeats_of(part) * t.held_after_forward for part, t in self._live.items())
         return self._step_peak(backward=False), held
+
+    def stores_against_inductor(self) -> list[dict[str, dict[str, dict[str, int]]]]:
+        """Per planned graph, where the code inductor wrote for each phase compiled so far stores
+        values otherwise than the graph's simulation (:func:`planner.memory.stores_against_inductor`):
+        what the memory model misses, or counts that inductor does not make."""
+        return [stores_against_inductor(timeline, kept) for timeline, kept in zip(self.timelines, self.kept)]
 
     @property
     def predicted_step_peak(self) -> int:

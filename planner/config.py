@@ -45,7 +45,8 @@ class PlannerConfig:
         node of the graph's problem (its forward nodes), and where PyTorch's own split of the
         graph was made for a fraction budget, no more than 10 times the seconds that took; at
         least 5 s and at most 60 s (:meth:`solver_seconds`; ``Decision.stats["time_limit"]``
-        says which applied).
+        says which applied). It bounds each search on the graph: where the exact least-peak
+        search runs first (``frugal_search``), it has the same limit, so the two can take twice it.
     codegen : ``"inductor"`` (compiled kernels) or ``"eager"`` (op by op, for debugging).
     solver_options, estimator_options : extra keyword arguments for the solver / estimator.
     inductor_options : inductor config settings for planned graphs, over the planner's own

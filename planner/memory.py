@@ -60,7 +60,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from dataclasses import dataclass, field
 from itertools import takewhile
-from typing import Collection, Iterable
+from typing import Collection, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -94,6 +94,9 @@ class Timeline:
     forward_end: int = 0
     # kernels the two modules run, counted as kernel_count counts them
     kernels: int = field(default=0, compare=False)
+    # bytes of each value's own storage, by (phase, node name): 0 where it is computed in its
+    # readers; a value written in place of an input is left out
+    stored: Mapping[tuple[str, str], int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def peak(self) -> int:
@@ -1389,7 +1392,38 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
                            key=lambda item: -item[2]))
     saved_at_peak = tuple(out.name for out, keys in zip(fwd_out[num_fwd_outputs:], saved_keys)
                           if not peak_live.isdisjoint(keys))
-    return Timeline(tuple(walk.steps), at_peak, saved_at_peak, forward_end, walk.kernels)
+    return Timeline(tuple(walk.steps), at_peak, saved_at_peak, forward_end, walk.kernels, walk.values)
+
+
+def stores_against_inductor(timeline: Timeline, kept: Mapping[str, tuple[Mapping[str, int], Collection[str]]]
+                            ) -> dict[str, dict[str, dict[str, int]]]:
+    """Where the code inductor wrote stores values otherwise than the simulation did.
+
+    ``kept`` maps a phase compiled to what its code keeps
+    (:func:`planner._torch_compat.kept_buffers`: each buffer's bytes and the nodes whose value
+    it may hold, and the names lowered); a buffer holds the first of those the simulation has.
+    For each phase: ``"unmodelled"``, the values it keeps a buffer for that the simulation
+    computes inside their readers (inductor's bytes), and ``"unstored"``, the values the
+    simulation stores that no buffer of the code holds (the simulation's bytes), by name. Only
+    values both know by name are compared (inductor's passes rename a few nodes). A phase whose
+    code could not be read has ``"error"`` instead, saying why."""
+    found = {}
+    for phase, report in kept.items():
+        if isinstance(report, str):  # what the compile could not read, and why
+            found[phase] = {"error": report}
+            continue
+        buffers, lowered = report
+        own = {name: nbytes for (where, name), nbytes in timeline.stored.items() if where == phase}
+        held = {}  # a buffer holds the value of the first node it names that the simulation has as a value
+        for nbytes, names in buffers:
+            name = next((n for n in names if n in own), None)
+            if name is not None and nbytes:
+                held[name] = held.get(name, 0) + nbytes
+        found[phase] = {
+            "unmodelled": {name: nbytes for name, nbytes in held.items() if own[name] == 0},
+            "unstored": {name: nbytes for name, nbytes in own.items() if nbytes and name in lowered and name not in held},
+        }
+    return found
 
 
 def _outputs(gm: fx.GraphModule, raw: bool = False) -> list:
@@ -1432,6 +1466,7 @@ class _Walk:
         self.far: frozenset = frozenset()  # the phase's reductions stored, not fused (far_epilogues)
         self.tangents: set[object] = set()  # storages no kernel writes into (inputs it does not own)
         self.kernels = 0  # kernels of the modules walked (_kernels)
+        self.values: dict[tuple[str, str], int] = {}  # (phase, name) -> own storage's bytes, 0 if fused
 
     def run(self, gm: fx.GraphModule, phase: str, keep: list, carried: dict | None = None, held: set = frozenset()):
         carried = carried or {}
@@ -1471,6 +1506,7 @@ class _Walk:
             if self.fuse and len(made[node]) == 1 and generated(node):  # pointwise ops and casts included
                 for old in self._reused(made[node][0], k, last, node, keys, due.get(k, ())):
                     self._leave(old, self.clock)
+                    self.values.pop((phase, node.name), None)  # written in place: no storage of its own
             for key in made[node]:
                 arrive(key, k)
             if scratch := workspace_bytes(node, self.fuse):  # alive while the library kernel runs
@@ -1531,7 +1567,8 @@ class _Walk:
         base = _shared_input(node)
         if base is not None:
             if node in self.view_copies:  # stored in a layout of its own (for the backward, or a library kernel)
-                return self._new((phase, node.name), _value_bytes(node.meta.get("val")))
+                self.values[(phase, node.name)] = _value_bytes(node.meta.get("val"))
+                return self._new((phase, node.name), self.values[(phase, node.name)])
             return keys.get(base, ()), ()
         if is_getitem(node):  # one output of a multi-output op, or a tuple of them (nested)
             index = node.args[1]
@@ -1548,7 +1585,9 @@ class _Walk:
             return new, new
         if not isinstance(val, torch.Tensor):
             return (), ()
-        return self._new((phase, node.name), stored_bytes(node, readers(node), self.fuse, self.far))
+        new = self._new((phase, node.name), stored_bytes(node, readers(node), self.fuse, self.far))
+        self.values[(phase, node.name)] = self.size[(phase, node.name)]
+        return new
 
     def _new(self, key: tuple, size: int) -> tuple[tuple, tuple]:
         self.size[key] = size

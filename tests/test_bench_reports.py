@@ -250,3 +250,15 @@ def test_compile_variants_reads_inductor_settings_as_their_types():
     assert _parse("allow_buffer_reuse=True") == ("allow_buffer_reuse", True)
     assert _parse("realize_opcount_threshold=None") == ("realize_opcount_threshold", None)
     assert _parse("cpp.simdlen=-1") == ("cpp.simdlen", -1)
+
+
+def test_zoo_names_the_values_inductor_stored_that_the_memory_model_fused():
+    from bench.zoo import _stores_line
+
+    mib = 2**20
+    one = {"forward": {"unmodelled": {}, "unstored": {"add": mib}},
+           "backward": {"unmodelled": {"mul_572": 294 * mib, "sum_1": mib // 2}, "unstored": {}}}
+    line = _stores_line({"stores_against_inductor": [one]})
+    assert "forward 0.0 MiB in 0;" in line and "backward 294.5 MiB in 2 (mul_572 294.0, sum_1 0.5)" in line
+    line = _stores_line({"stores_against_inductor": [one, {"backward": {"error": "not read: KeyError: x"}}]})
+    assert "backward 294.5 MiB in 2 (0:mul_572 294.0, 0:sum_1 0.5), not read: KeyError: x" in line

@@ -318,3 +318,33 @@ def test_inductor_lays_out_convolution_gradient_says_whether_its_lowering_lays_i
     assert torch.ops.aten.convolution.default in laying_out  # the forward's, laid out channels-last
     lowered = torch.ops.aten.convolution_backward.default in laying_out
     assert _torch_compat.inductor_lays_out_convolution_gradient() == lowered
+
+
+def _stores(**options):
+    model, inputs = MODELS["cnn"]()
+    backend = planner.backend(codegen="inductor", memory_budget=0.0, solver="greedy", inductor_options=options)
+    torch.compile(model, backend=backend)(*inputs).backward()
+    (found,) = backend.stores_against_inductor()
+    return found, backend
+
+
+def test_the_buffers_inductor_keeps_are_compared_with_the_simulation_by_node():
+    """What the code inductor wrote keeps (``kept_buffers``) is set against the simulation's
+    stores per phase. With inductor's bar for storing a value several kernels read lowered to 0
+    reads (``realize_reads_threshold``; the memory model computes such a value in each reader up
+    to ``REALIZE_READS``), inductor stores values the simulation computes in their readers: the
+    report names more values missed in both phases, each one the simulation had computed in its
+    readers. The library kernels' outputs (convolutions) are stored by both, so named in neither
+    list."""
+    fused, _ = _stores()
+    stored_more, backend = _stores(realize_reads_threshold=0)
+    assert set(fused) == set(stored_more) == {"forward", "backward"}
+    for phase in ("forward", "backward"):
+        assert set(stored_more[phase]["unmodelled"]) > set(fused[phase]["unmodelled"])
+    stored = backend.timelines[0].stored
+    for phase, found in stored_more.items():
+        assert all(stored[(phase, name)] == 0 for name in found["unmodelled"])
+        assert all(stored[(phase, name)] > 0 for name in found["unstored"])
+    named = {name for report in (fused, stored_more) for found in report.values() for names in found.values()
+             for name in names}
+    assert named and not any(name.startswith("convolution") for name in named)
