@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     phase = "forward" if k < forward_events else "backward"
     print(f"traced peak of blocks allocated in the step: {peak / MIB:.1f} MiB, in the {phase} "
           f"(event {k} of {len(events)}; the forward made {forward_events}); predicted step peak "
-          f"{backend.predicted_step_peak / MIB:.1f} MiB")
+          f"{backend.predicted_step_peak / MIB:.1f} MiB" + ("" if backend.compiled_step_peak is None else
+                                                           f", {backend.compiled_step_peak / MIB:.1f} MiB counting "
+                                                           "what inductor's code stores (compiled_step_peak)"))
     for i, timeline in enumerate(backend.timelines):
         print(f"graph {i}: simulated peak {timeline.peak / MIB:.1f} MiB at {timeline.peak_step}")
         for phase, name, nbytes in timeline.at_peak[: args.top]:

@@ -106,6 +106,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
                     "pytorch_split_seconds": [g.decision.stats.get("pytorch_split_seconds") for g in backend.graphs],
                     "fast_end_kernels": [g.decision.stats.get("fast_end_kernels") for g in backend.graphs],
                     "stores_against_inductor": backend.stores_against_inductor(),
+                    "predicted_compiled_peak_bytes": backend.compiled_step_peak,
                     "fusions_refused": backend.fusions_refused.refused,
                     "fusions_refused_across": backend.fusions_refused.refused_across}
         record({"method": "planner", "budget": budget, "matched": matched}, compiled, model, details)
@@ -195,7 +196,10 @@ def _stores_line(row: dict, shown: int = 3) -> str:
     inside their readers (:meth:`planner.compiler.PlannerBackend.stores_against_inductor`), per
     phase over the graphs: MiB, count and the largest named. Not all of them are alive at the
     peak; the JSON also has the other direction (values the model stores that no buffer of the
-    code holds, by the nodes inductor names as each buffer's origins)."""
+    code holds, by the nodes inductor names as each buffer's origins). Then the step's peak
+    predicted with those values counted stored
+    (:attr:`planner.compiler.PlannerBackend.compiled_step_peak`), beside the prediction made
+    before inductor compiled."""
     lines = []
     for phase in ("forward", "backward"):
         reports = [graph[phase] for graph in row["stores_against_inductor"] if phase in graph]
@@ -206,7 +210,9 @@ def _stores_line(row: dict, shown: int = 3) -> str:
         if reports:
             lines.append(f"{phase} {sum(missed.values()) / MIB:.1f} MiB in {len(missed)}" + (f" ({largest})" if largest else "")
                          + (f", {errors[0]}" if errors else ""))
-    return "  stored by inductor, fused in the memory model: " + "; ".join(lines)
+    compiled = row.get("predicted_compiled_peak_bytes")
+    told = "" if compiled is None else f"; predicted with them stored {compiled / GIB:.3f} GiB"
+    return "  stored by inductor, fused in the memory model: " + "; ".join(lines) + told
 
 
 def targets(rows: list[dict], slack: float = 1.01) -> list[str]:

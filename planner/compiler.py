@@ -697,6 +697,8 @@ class PlannerBackend:
         self.graphs: list[GraphPlan] = []
         self.timelines: list[Timeline] = []
         self.kept: list[dict[str, Any]] = []
+        # per planned graph, copies of its emitted modules as simulated (inductor rewrites its own)
+        self._emitted: list[list | None] = []
         self.replanned: list[Any] = []
         # the latest timeline of each part of the step (a frame's graph, or each graph one compile
         # of a frame hands over), in the order they first compiled: a recompile of a frame (new
@@ -751,17 +753,21 @@ class PlannerBackend:
         fuse = self.config.codegen == "inductor"
         timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=joint.released)
         kept: dict[str, Any] = {}  # filled as inductor compiles each module
+        emitted = None
         if fuse:
             _torch_compat.report_kept_buffers(forward, kept, "forward")
             _torch_compat.report_kept_buffers(backward, kept, "backward")
+            emitted = [copy_module(forward), copy_module(backward), joint.num_fwd_outputs, joint.released]
         if part is not None and part.released is None:  # kept to count again once a step shows what it frees
             part.simulated = (copy_module(forward), copy_module(backward), joint.num_fwd_outputs, fuse)
         if self._replanning is not None and part is not None and part.index >= 0:  # replaces its earlier plan
             self.graphs[part.index], self.timelines[part.index], self.kept[part.index] = graph_plan, timeline, kept
+            self._emitted[part.index] = emitted
         else:
             self.graphs.append(graph_plan)
             self.timelines.append(timeline)
             self.kept.append(kept)
+            self._emitted.append(emitted)
             if part is not None:
                 part.index = len(self.graphs) - 1
         if part is not None and self._replans(key) and not part.seen:
@@ -841,6 +847,36 @@ class PlannerBackend:
         what the memory model misses, or counts that inductor does not make."""
         return [stores_against_inductor(timeline, kept) for timeline, kept in zip(self.timelines, self.kept)]
 
+    def compiled_timelines(self) -> list[Timeline | None]:
+        """Per planned graph, its simulation again with the values inductor's code was seen to
+        store that the simulation had computed in their readers (:meth:`stores_against_inductor`)
+        counted stored, with the bytes of inductor's buffers; None for a graph whose two phases
+        are not both compiled and read (or not compiled by inductor)."""
+        found = []
+        for emitted, kept, report in zip(self._emitted, self.kept, self.stores_against_inductor()):
+            if emitted is None or set(kept) != {"forward", "backward"} or any("error" in r for r in report.values()):
+                found.append(None)
+                continue
+            forward, backward, outputs, released = emitted
+            stored = {(phase, name): nbytes for phase, r in report.items() for name, nbytes in r["unmodelled"].items()}
+            found.append(simulate(forward, backward, outputs, fuse=True, released=released, stored=stored))
+        return found
+
+    @property
+    def compiled_step_peak(self) -> int | None:
+        """:attr:`predicted_step_peak` with each graph's :meth:`compiled_timelines` in place of
+        its simulation: the step's peak as the memory model counts it once told which values
+        inductor's code stores. None until every graph of the step is compiled and read."""
+        compiled = self.compiled_timelines()
+        index = {key: part.index for key, part in self._parts.items() if part.index >= 0}
+        timelines = {}
+        for key in self._live:
+            timeline = compiled[index[key]] if key in index and index[key] < len(compiled) else None
+            if timeline is None:
+                return None
+            timelines[key] = timeline
+        return self._step_peak(timelines=timelines)
+
     @property
     def predicted_step_peak(self) -> int:
         """Predicted peak activation memory of the step, over the latest graph of each part:
@@ -851,11 +887,12 @@ class PlannerBackend:
         is freed by its own backward, after the graphs after it ran theirs)."""
         return self._step_peak()
 
-    def _step_peak(self, backward: bool = True, after: Any = None) -> int:
+    def _step_peak(self, backward: bool = True, after: Any = None, timelines: dict | None = None) -> int:
         """The largest peak of a graph of the step (its forward's alone, unless ``backward``)
         plus what the graphs before it and its own other runs hold, and during its backward the
-        gradients of the graphs after it; only the graphs after the part ``after``, where given."""
-        live = self._live
+        gradients of the graphs after it; only the graphs after the part ``after``, where given;
+        with ``timelines`` (part -> timeline) in place of the parts' own."""
+        live = self._live if timelines is None else timelines
         parts = list(live)
         held = peak = 0
         before = self._outside(after) if after is not None else 0  # counted with ``after``'s own holds
@@ -922,6 +959,8 @@ class PlannerBackend:
                               f"({type(err).__name__}: {err}); its prediction keeps them", stacklevel=2)
                 return
             self.timelines[part.index] = timeline
+            if self._emitted[part.index] is not None:
+                self._emitted[part.index][3] = released
             if key in self._step:
                 self._step[key] = timeline
 

@@ -237,9 +237,11 @@ def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool, far: Collect
 REALIZE_READS = 4
 
 
-def kernel_steps(order: list[fx.Node], fuse: bool, far: Collection[fx.Node] = ()) -> dict[fx.Node, int]:
+def kernel_steps(order: list[fx.Node], fuse: bool, far: Collection[fx.Node] = (),
+                 stored: Collection[fx.Node] = ()) -> dict[fx.Node, int]:
     """Index in ``order`` of the last kernel that computes each node, when its inputs are really
-    read: its own, or for a value fused into its readers, the last of theirs.
+    read: its own, or for a value fused into its readers, the last of theirs. A node in
+    ``stored`` (known to be stored) is computed at its own index.
 
     A stored pointwise value is also computed inside the kernels of the readers inductor lowers
     before it is stored: it stores the value when a reader that cannot fuse it (a matrix product)
@@ -250,7 +252,7 @@ def kernel_steps(order: list[fx.Node], fuse: bool, far: Collection[fx.Node] = ()
     for node in reversed(order):
         steps[node] = where[node]
         val = node.meta.get("val")
-        if fuse and isinstance(val, torch.Tensor) and _shared_input(node) is None:
+        if fuse and isinstance(val, torch.Tensor) and _shared_input(node) is None and node not in stored:
             reading = readers(node)
             if not reading or not all(r in steps for r in reading):
                 continue
@@ -1351,7 +1353,7 @@ def layout_copies(nodes: list[fx.Node]) -> dict[fx.Node, int]:
 
 
 def simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs: int, fuse: bool = False,
-             released: Collection[int] = ()) -> Timeline:
+             released: Collection[int] = (), stored: Mapping[tuple[str, str], int] | None = None) -> Timeline:
     """Walk the emitted modules in execution order and count the bytes alive after each node.
 
     The forward's outputs after the first ``num_fwd_outputs`` are the saved values, passed in
@@ -1360,14 +1362,19 @@ def simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs:
     at the places ``released``: seen freed by the time the backward began (a graph's output that
     the next graph of the step consumed, a model's logits the training loop dropped). They are
     alive at the end of the forward, while later graphs of the step run.
+
+    ``stored`` names values known to be stored, by (phase, node name), with their bytes, whatever
+    the rules above say: what the code inductor wrote for the modules was seen to keep
+    (:meth:`planner.compiler.PlannerBackend.compiled_step_peak`). Each is computed at its own
+    place, where inductor lowers it.
     """
     with _graphs_unchanged():
-        return _simulate(forward, backward, num_fwd_outputs, fuse, released)
+        return _simulate(forward, backward, num_fwd_outputs, fuse, released, stored or {})
 
 
 def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs: int, fuse: bool,
-              released: Collection[int]) -> Timeline:
-    walk = _Walk(fuse)
+              released: Collection[int], stored: Mapping[tuple[str, str], int]) -> Timeline:
+    walk = _Walk(fuse, stored)
     fwd_out = _outputs(forward)
     channels_last = fuse and convolutions_laid_out(list(forward.graph.nodes))
     from planner._torch_compat import inductor_prefers_channels_last
@@ -1448,8 +1455,9 @@ def _fused_into_producer(node: fx.Node) -> bool:
 class _Walk:
     """Storages alive across the forward and the backward module."""
 
-    def __init__(self, fuse: bool) -> None:
+    def __init__(self, fuse: bool, stored: Mapping[tuple[str, str], int] | None = None) -> None:
         self.fuse = fuse
+        self.forced = dict(stored or {})  # (phase, name) -> bytes of values known to be stored
         self.size: dict[object, int] = {}
         self.live: set[object] = set()
         self.keys: dict[fx.Node, tuple] = {}
@@ -1483,7 +1491,7 @@ class _Walk:
         for node in nodes:
             keys[node], made[node] = self._keys(node, keys, phase, carried)
         last: dict[object, int] = {}
-        kernel = kernel_steps(nodes, self.fuse, self.far)
+        kernel = kernel_steps(nodes, self.fuse, self.far, {n for n in nodes if (phase, n.name) in self.forced})
         for node in nodes:
             for inp in node.all_input_nodes:
                 for key in keys[inp]:
@@ -1503,7 +1511,8 @@ class _Walk:
                     due.setdefault(max(last.get(key, -1), k), []).append(key)
 
         for k, node in enumerate(nodes):
-            if self.fuse and len(made[node]) == 1 and generated(node):  # pointwise ops and casts included
+            # (a value known to be stored has a buffer of its own: inductor wrote it in no input)
+            if self.fuse and len(made[node]) == 1 and generated(node) and (phase, node.name) not in self.forced:
                 for old in self._reused(made[node][0], k, last, node, keys, due.get(k, ())):
                     self._leave(old, self.clock)
                     self.values.pop((phase, node.name), None)  # written in place: no storage of its own
@@ -1585,7 +1594,9 @@ class _Walk:
             return new, new
         if not isinstance(val, torch.Tensor):
             return (), ()
-        new = self._new((phase, node.name), stored_bytes(node, readers(node), self.fuse, self.far))
+        forced = self.forced.get((phase, node.name))
+        new = self._new((phase, node.name),
+                        forced if forced is not None else stored_bytes(node, readers(node), self.fuse, self.far))
         self.values[(phase, node.name)] = self.size[(phase, node.name)]
         return new
 

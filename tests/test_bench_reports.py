@@ -260,5 +260,8 @@ def test_zoo_names_the_values_inductor_stored_that_the_memory_model_fused():
            "backward": {"unmodelled": {"mul_572": 294 * mib, "sum_1": mib // 2}, "unstored": {}}}
     line = _stores_line({"stores_against_inductor": [one]})
     assert "forward 0.0 MiB in 0;" in line and "backward 294.5 MiB in 2 (mul_572 294.0, sum_1 0.5)" in line
+    assert "predicted with them stored" not in line
+    line = _stores_line({"stores_against_inductor": [one], "predicted_compiled_peak_bytes": 3 * 2**29})
+    assert line.endswith("; predicted with them stored 1.500 GiB")
     line = _stores_line({"stores_against_inductor": [one, {"backward": {"error": "not read: KeyError: x"}}]})
     assert "backward 294.5 MiB in 2 (0:mul_572 294.0, 0:sum_1 0.5), not read: KeyError: x" in line

@@ -348,3 +348,24 @@ def test_the_buffers_inductor_keeps_are_compared_with_the_simulation_by_node():
     named = {name for report in (fused, stored_more) for found in report.values() for names in found.values()
              for name in names}
     assert named and not any(name.startswith("convolution") for name in named)
+
+
+def test_the_compiled_prediction_counts_what_inductor_stores():
+    """``compiled_timelines`` simulates each graph again with the values inductor's code stores
+    that the simulation had fused counted stored, at inductor's bytes; ``simulate(stored=...)``
+    counts a value so whatever the rules say (here a fused value given a gigabyte: the peak holds
+    it)."""
+    from planner.memory import simulate
+
+    found, backend = _stores(realize_reads_threshold=0)
+    (compiled,) = backend.compiled_timelines()
+    assert compiled is not None and backend.compiled_step_peak is not None
+    for phase, report in found.items():
+        assert report["unmodelled"]
+        for name, nbytes in report["unmodelled"].items():
+            assert compiled.stored[(phase, name)] == nbytes
+    forward, backward, outputs, released = backend._emitted[0]
+    plain = backend.timelines[0]
+    name = next(name for (phase, name), nbytes in plain.stored.items() if phase == "backward" and nbytes == 0)
+    forced = simulate(forward, backward, outputs, fuse=True, released=released, stored={("backward", name): 2**30})
+    assert forced.stored[("backward", name)] == 2**30 and forced.peak >= 2**30 > plain.peak
