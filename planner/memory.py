@@ -16,7 +16,8 @@ Both follow the same rules, read from node metadata:
   read by one pointwise op, :func:`epilogue_reduction`),
   unless several kernels read it and it reads more than ``REALIZE_READS`` stored inputs
   (inductor then stores it rather than recompute it in each reader: its
-  ``realize_reads_threshold``); a fused value's inputs are read when the
+  ``realize_reads_threshold``), or, on a CPU, its expression computes ``exp``, ``log``,
+  ``sigmoid`` or ``tanh`` (:func:`stored_on_reuse`); a fused value's inputs are read when the
   kernel computing it runs; a value whose readers all run in one kernel (:func:`one_kernel`:
   a pointwise op and reductions that are its persistent epilogues) is never stored. A random
   tensor (inductor stores each one) is stored only where several kernels read it
@@ -161,7 +162,7 @@ def _graphs_unchanged():
 
 
 def _empty_maps() -> tuple[dict, ...]:
-    return ({}, {}, {}, {}, {}, {}, {})
+    return ({}, {}, {}, {}, {}, {}, {}, {}, {})
 
 
 def _seen_or_found(table: int, key: object, find):
@@ -258,8 +259,7 @@ def kernel_steps(order: list[fx.Node], fuse: bool, far: Collection[fx.Node] = ()
                 continue
             if _inlined(node, reading, far):
                 steps[node] = max(steps[r] for r in reading)
-            elif (fusible(node) and not all(_leaves_unstored(r) for r in reading)
-                  and len(_leaf_reads(node, _OWN_DEPTH)) <= REALIZE_READS):
+            elif fusible(node) and not all(_leaves_unstored(r) for r in reading) and not stored_on_reuse(node):
                 lowered_first = takewhile(_leaves_unstored, sorted(reading, key=where.__getitem__))
                 steps[node] = max([steps[node], *(steps[r] for r in lowered_first)])
     return steps
@@ -286,7 +286,7 @@ def _inlined(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = (
     leaves = len(_leaf_reads(node, _OWN_DEPTH))
     if leaves > 1 and any(copies_inputs(r) for r in reading):
         return False  # stored for the library kernel reading it (inductor's realize_hint)
-    return one_kernel(reading, far) or leaves <= REALIZE_READS
+    return one_kernel(reading, far) or not stored_on_reuse(node)
 
 
 def laid_out_for_replay(node: fx.Node) -> bool:
@@ -647,9 +647,57 @@ def _walked_producer(inp: fx.Node) -> fx.Node | None:
 
 def _inlined_producer(node: fx.Node) -> bool:
     """A pointwise producer inductor computes inside the kernels reading it: they are one kernel,
-    or it reads at most ``REALIZE_READS`` stored inputs of its own."""
-    return _walked_producer(node) is not None and (one_kernel(readers(node))
-                                                   or len(_leaf_reads(node, _OWN_DEPTH)) <= REALIZE_READS)
+    or it is not stored on reuse (:func:`stored_on_reuse`)."""
+    return (_walked_producer(node) is not None and not _heavy_reuse_on_cpu(node)
+            and (one_kernel(readers(node)) or not stored_on_reuse(node)))
+
+
+# the ops whose reuse inductor stores on a CPU (StorageBox.should_realize_on_reuse's heavy ops)
+_HEAVY_ON_CPU = frozenset(f"{space}.{op}.default" for space in ("aten", "prims")
+                          for op in ("exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"))
+
+
+def stored_on_reuse(node: fx.Node) -> bool:
+    """Inductor stores a pointwise value that several kernels read rather than compute it in
+    each (``StorageBox.should_realize_on_reuse``): where it reads more than ``REALIZE_READS``
+    stored inputs, its inlined producers' included; and on a CPU, where it has several readers
+    and its expression computes an ``exp``, ``log``, ``sigmoid`` or ``tanh`` (inductor's heavy ops
+    there: an inlined producer's count too). On a CPU (torch 2.13), timm's CoAtNet (tiny, bf16)
+    at budget 0 stored such values the model had computed in each reader: softmax's ``exp``, the
+    MBConv blocks' ``sigmoid`` and the casts over them, 0.6 MiB forward and 6 MiB backward
+    (``PlannerBackend.stores_against_inductor``)."""
+    return len(_leaf_reads(node, _OWN_DEPTH)) > REALIZE_READS or _heavy_reuse_on_cpu(node)
+
+
+def _heavy_reuse_on_cpu(node: fx.Node) -> bool:
+    """On a CPU, ``node`` has several readers and its expression computes one of inductor's heavy
+    ops (:func:`stored_on_reuse`): inductor stores it as it lowers it, so the expressions reading
+    it load it, even where they then run in one kernel with it (which drops the buffer: a
+    recomputed softmax's output read by its backward's row sum and the op reading that sum)."""
+    if len(node.users) < 2 or not _on_cpu(node):
+        return False
+    maps = getattr(_seen, "maps", None)
+    if maps is None:  # memoised for this call alone: the graph does not change while it runs
+        _seen.maps = _empty_maps()
+        try:
+            return _heavy_reuse_on_cpu(node)
+        finally:
+            _seen.maps = None
+    return _seen_or_found(7, node, lambda: _heavy_expression(node))
+
+
+def _on_cpu(node: fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.device.type == "cpu" and "cpu" not in _GPU_TYPES
+
+
+def _heavy_expression(node: fx.Node) -> bool:
+    """``node``'s expression, with the producers inductor inlines into it, computes one of
+    :data:`_HEAVY_ON_CPU` (within a walk, found producers first, as :func:`_own_reads_first`
+    finds their reads, so no recursion runs down a chain)."""
+    return _seen_or_found(8, node, lambda: _name(node.target) in _HEAVY_ON_CPU or any(
+        (producer := _walked_producer(inp)) is not None and _inlined_producer(producer) and _heavy_expression(producer)
+        for inp in node.all_input_nodes))
 
 
 def _own_reads_first(node: fx.Node, known: dict) -> None:
@@ -674,6 +722,9 @@ def _own_reads_first(node: fx.Node, known: dict) -> None:
     for n in order:
         if (n, _OWN_DEPTH) not in known:
             known[(n, _OWN_DEPTH)] = _find_leaf_reads(n, _OWN_DEPTH)
+        if _on_cpu(n):  # found producers first too: an expression walks its producers'
+            _heavy_expression(n)
+            _heavy_reuse_on_cpu(n)
 
 
 def _find_leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
@@ -1035,7 +1086,7 @@ def _fixed_layout(node: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
                                        inductor_prefers_channels_last)
 
     if (forward is None and len(node.users) > 1 and _dense_strides(propagated) == tuple(propagated.stride())
-            and node not in _graph_outputs(node.graph) and len(_leaf_reads(node, _OWN_DEPTH)) > REALIZE_READS
+            and node not in _graph_outputs(node.graph) and stored_on_reuse(node)
             and node in _seen_or_found(6, (node.graph, "preferred"), lambda: inductor_prefers_channels_last(node.graph))):
         return _restrided(val, _channels_last_strides(val.shape))  # stored on reuse, in a graph it is lowered apart
 
