@@ -674,8 +674,8 @@ def _heavy_reuse_on_cpu(node: fx.Node) -> bool:
     ops (:func:`stored_on_reuse`): inductor stores it as it lowers it, so the expressions reading
     it load it, even where they then run in one kernel with it (which drops the buffer: a
     recomputed softmax's output read by its backward's row sum and the op reading that sum)."""
-    if not _on_cpu(node) or len(_users_compiled_with(node)) < 2:
-        return False
+    if not _on_cpu(node) or len(node.users) < 2:  # in a joint graph, its forward and backward readers: the
+        return False                                # schedule's bound stays above the simulation's
     maps = getattr(_seen, "maps", None)
     if maps is None:  # memoised for this call alone: the graph does not change while it runs
         _seen.maps = _empty_maps()
@@ -684,13 +684,6 @@ def _heavy_reuse_on_cpu(node: fx.Node) -> bool:
         finally:
             _seen.maps = None
     return _seen_or_found(7, node, lambda: _heavy_expression(node))
-
-
-def _users_compiled_with(node: fx.Node) -> list[fx.Node]:
-    """``node``'s users in the graph inductor compiles it in: in a joint graph
-    (:func:`build_schedule`), those on its side of the forward and the backward."""
-    region = getattr(_seen, "forward_region", None)
-    return list(node.users) if region is None else [user for user in node.users if (user in region) == (node in region)]
 
 
 def _on_cpu(node: fx.Node) -> bool:
@@ -1678,13 +1671,8 @@ def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:
     """The :class:`Schedule` of a joint graph, over its forward nodes and backward steps."""
     # the joint graph is only read here (Llama's problem: 3.02 s to 0.15 s, docs/plan-time-cpu.md)
     channels_last = fuse and convolutions_laid_out([*joint.primals, *joint.forward_nodes])
-    outer = getattr(_seen, "forward_region", None)
-    _seen.forward_region = frozenset(joint.forward_nodes)  # a joint graph: its forward is compiled apart
-    try:
-        with _graphs_unchanged(), _laid_out_channels_last(channels_last, joint_forward=joint.forward_nodes):
-            return _build_schedule(joint, fuse)
-    finally:
-        _seen.forward_region = outer
+    with _graphs_unchanged(), _laid_out_channels_last(channels_last, joint_forward=joint.forward_nodes):
+        return _build_schedule(joint, fuse)
 
 
 def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
