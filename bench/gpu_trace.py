@@ -116,6 +116,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"graph {i}: simulated peak {timeline.peak / MIB:.1f} MiB at {timeline.peak_step}")
         for phase, name, nbytes in timeline.at_peak[: args.top]:
             print(f"    {phase:8s} {name:48s} {nbytes / MIB:9.1f} MiB")
+    for i, report in enumerate(backend.stores_against_inductor()):
+        for phase, found in report.items():
+            named = sorted(found.get("unmodelled", {}).items(), key=lambda kv: -kv[1])
+            print(f"graph {i} {phase}: stored by inductor, fused in the memory model: "
+                  + (found["error"] if "error" in found else ", ".join(f"{n} {b / MIB:.1f}" for n, b in named[: args.top])))
+    for i, timeline in enumerate(backend.compiled_timelines()):
+        if timeline is not None:
+            print(f"graph {i}, counting what inductor's code stores: simulated peak {timeline.peak / MIB:.1f} MiB "
+                  f"at {timeline.peak_step}")
+            for phase, name, nbytes in timeline.at_peak[: args.top]:
+                print(f"    {phase:8s} {name:48s} {nbytes / MIB:9.1f} MiB")
     if blocks:
         print(f"set by {blocks[-1]['size'] / MIB:.1f} MiB at {where(blocks[-1])}: {source(blocks[-1])}")
     for e in sorted(blocks, key=lambda e: -e["size"])[: args.top]:

@@ -96,8 +96,9 @@ class Timeline:
     # kernels the two modules run, counted as kernel_count counts them
     kernels: int = field(default=0, compare=False)
     # bytes of each value's own storage, by (phase, node name): 0 where it is computed in its
-    # readers; a value written in place of an input is left out
+    # readers; a value written in place of an input is left out, and named in written_in_place
     stored: Mapping[tuple[str, str], int] = field(default_factory=dict, compare=False, repr=False)
+    written_in_place: frozenset[tuple[str, str]] = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def peak(self) -> int:
@@ -1450,7 +1451,8 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
                            key=lambda item: -item[2]))
     saved_at_peak = tuple(out.name for out, keys in zip(fwd_out[num_fwd_outputs:], saved_keys)
                           if not peak_live.isdisjoint(keys))
-    return Timeline(tuple(walk.steps), at_peak, saved_at_peak, forward_end, walk.kernels, walk.values)
+    return Timeline(tuple(walk.steps), at_peak, saved_at_peak, forward_end, walk.kernels, walk.values,
+                    frozenset(walk.in_place))
 
 
 def stores_against_inductor(timeline: Timeline, kept: Mapping[str, tuple[Mapping[str, int], Collection[str]]]
@@ -1459,7 +1461,10 @@ def stores_against_inductor(timeline: Timeline, kept: Mapping[str, tuple[Mapping
 
     ``kept`` maps a phase compiled to what its code keeps
     (:func:`planner._torch_compat.kept_buffers`: each buffer's bytes and the nodes whose value
-    it may hold, and the names lowered); a buffer holds the first of those the simulation has.
+    it may hold, and the names lowered); a buffer holds the first of those the simulation has,
+    as a value (stored or computed in its readers) or written in place of an input. A buffer
+    holding a value written in place is no difference: inductor may write it in place too, or
+    into the storage of an input it freed just before (its ``# reuse``).
     For each phase: ``"unmodelled"``, the values it keeps a buffer for that the simulation
     computes inside their readers (inductor's bytes), and ``"unstored"``, the values the
     simulation stores that no buffer of the code holds (the simulation's bytes), by name. Only
@@ -1472,10 +1477,11 @@ def stores_against_inductor(timeline: Timeline, kept: Mapping[str, tuple[Mapping
             continue
         buffers, lowered = report
         own = {name: nbytes for (where, name), nbytes in timeline.stored.items() if where == phase}
+        in_place = {name for where, name in timeline.written_in_place if where == phase}
         held = {}  # a buffer holds the value of the first node it names that the simulation has as a value
         for nbytes, names in buffers:
-            name = next((n for n in names if n in own), None)
-            if name is not None and nbytes:
+            name = next((n for n in names if n in own or n in in_place), None)
+            if name is not None and name not in in_place and nbytes:
                 held[name] = held.get(name, 0) + nbytes
         found[phase] = {
             "unmodelled": {name: nbytes for name, nbytes in held.items() if own[name] == 0},
@@ -1526,6 +1532,7 @@ class _Walk:
         self.tangents: set[object] = set()  # storages no kernel writes into (inputs it does not own)
         self.kernels = 0  # kernels of the modules walked (_kernels)
         self.values: dict[tuple[str, str], int] = {}  # (phase, name) -> own storage's bytes, 0 if fused
+        self.in_place: set[tuple[str, str]] = set()  # (phase, name) of values written in an input's storage
 
     def run(self, gm: fx.GraphModule, phase: str, keep: list, carried: dict | None = None, held: set = frozenset()):
         carried = carried or {}
@@ -1567,6 +1574,7 @@ class _Walk:
                 for old in self._reused(made[node][0], k, last, node, keys, due.get(k, ())):
                     self._leave(old, self.clock)
                     self.values.pop((phase, node.name), None)  # written in place: no storage of its own
+                    self.in_place.add((phase, node.name))
             for key in made[node]:
                 arrive(key, k)
             if scratch := workspace_bytes(node, self.fuse):  # alive while the library kernel runs
