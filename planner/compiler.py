@@ -754,12 +754,15 @@ class PlannerBackend:
         timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=joint.released)
         kept: dict[str, Any] = {}  # filled as inductor compiles each module
         emitted = None
+        recount = part is not None and part.released is None  # to count again once a step shows what it frees
+        # one copy of the modules as simulated serves both (inductor rewrites its own; simulate reads only)
+        copies = (copy_module(forward), copy_module(backward)) if fuse or recount else None
         if fuse:
             _torch_compat.report_kept_buffers(forward, kept, "forward")
             _torch_compat.report_kept_buffers(backward, kept, "backward")
-            emitted = [copy_module(forward), copy_module(backward), joint.num_fwd_outputs, joint.released]
-        if part is not None and part.released is None:  # kept to count again once a step shows what it frees
-            part.simulated = (copy_module(forward), copy_module(backward), joint.num_fwd_outputs, fuse)
+            emitted = [*copies, joint.num_fwd_outputs, joint.released]
+        if recount:
+            part.simulated = (*copies, joint.num_fwd_outputs, fuse)
         if self._replanning is not None and part is not None and part.index >= 0:  # replaces its earlier plan
             self.graphs[part.index], self.timelines[part.index], self.kept[part.index] = graph_plan, timeline, kept
             self._emitted[part.index] = emitted

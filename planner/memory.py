@@ -677,14 +677,8 @@ def _heavy_reuse_on_cpu(node: fx.Node) -> bool:
     recomputed softmax's output read by its backward's row sum and the op reading that sum)."""
     if not _on_cpu(node) or len(node.users) < 2:  # in a joint graph, its forward and backward readers: the
         return False                                # schedule's bound stays above the simulation's
-    maps = getattr(_seen, "maps", None)
-    if maps is None:  # memoised for this call alone: the graph does not change while it runs
-        _seen.maps = _empty_maps()
-        try:
-            return _heavy_reuse_on_cpu(node)
-        finally:
-            _seen.maps = None
-    return _seen_or_found(7, node, lambda: _heavy_expression(node))
+    with _graphs_unchanged():  # memoised for this call at least: the graph does not change while it runs
+        return _seen_or_found(7, node, lambda: _heavy_expression(node))
 
 
 def _on_cpu(node: fx.Node) -> bool:
