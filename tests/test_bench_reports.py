@@ -265,3 +265,18 @@ def test_zoo_names_the_values_inductor_stored_that_the_memory_model_fused():
     assert line.endswith("; predicted with them stored 1.500 GiB")
     line = _stores_line({"stores_against_inductor": [one, {"backward": {"error": "not read: KeyError: x"}}]})
     assert "backward 294.5 MiB in 2 (0:mul_572 294.0, 0:sum_1 0.5), not read: KeyError: x" in line
+
+
+def test_zoo_target_d_gives_the_compiled_predictions_error_beside_the_plans():
+    from bench.zoo import targets as zoo_targets
+
+    rows = [{"model": "m", "method": "planner", "budget": 0.0, "peak_activation_bytes": 100, "step_ms": 12.0,
+             "predicted_peak_bytes": 80},
+            {"model": "m", "method": "planner", "budget": 1.0, "peak_activation_bytes": 200, "step_ms": 10.0,
+             "predicted_peak_bytes": 198}]
+    line = next(line for line in zoo_targets(rows) if line.startswith("(d)"))
+    assert line == "(d) NOT met: predicted peak error -20.0% to -1.0%"
+    rows[0]["predicted_compiled_peak_bytes"], rows[1]["predicted_compiled_peak_bytes"] = 99, 202
+    line = next(line for line in zoo_targets(rows) if line.startswith("(d)"))
+    assert line.startswith("(d) NOT met: predicted peak error -20.0% to -1.0% (counting what inductor's code stores")
+    assert line.endswith("-1.0% to +1.0%)")
