@@ -31,6 +31,7 @@ from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph, copy_module
 from planner.memory import Timeline, simulate, stores_against_inductor
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
+from planner.units import format_bytes
 from solvers import get_solver
 from solvers.base import Solver, relative_gap
 from solvers.frugal import min_peak_plan
@@ -855,15 +856,41 @@ class PlannerBackend:
         store that the simulation had computed in their readers (:meth:`stores_against_inductor`)
         counted stored, with the bytes of inductor's buffers; None for a graph whose two phases
         are not both compiled and read (or not compiled by inductor)."""
-        found = []
-        for emitted, kept, report in zip(self._emitted, self.kept, self.stores_against_inductor()):
-            if emitted is None or set(kept) != {"forward", "backward"} or any("error" in r for r in report.values()):
-                found.append(None)
-                continue
-            forward, backward, outputs, released = emitted
-            stored = {(phase, name): nbytes for phase, r in report.items() for name, nbytes in r["unmodelled"].items()}
-            found.append(simulate(forward, backward, outputs, fuse=True, released=released, stored=stored))
-        return found
+        return [self._compiled_timeline(index, report) for index, report in enumerate(self.stores_against_inductor())]
+
+    def _compiled_timeline(self, index: int, report: dict | None = None) -> Timeline | None:
+        emitted, kept = self._emitted[index], self.kept[index]
+        if report is None:
+            report = stores_against_inductor(self.timelines[index], kept)
+        if emitted is None or set(kept) != {"forward", "backward"} or any("error" in r for r in report.values()):
+            return None
+        forward, backward, outputs, released = emitted
+        stored = {(phase, name): nbytes for phase, r in report.items() for name, nbytes in r["unmodelled"].items()}
+        return simulate(forward, backward, outputs, fuse=True, released=released, stored=stored)
+
+    def _tell_stores(self, part: _Part) -> None:
+        """Warn, once a graph's code is written for both phases, where counting what that code
+        stores (:meth:`compiled_timelines`) raises the graph's simulated peak by more than
+        :data:`STORES_TOLD` over the plan's: the budget was planned on the lower figure."""
+        if part.index < 0 or part.index >= len(self._emitted):
+            return
+        timeline = self.timelines[part.index]
+        try:  # inside a training run: a failure here must not stop the step
+            report = stores_against_inductor(timeline, self.kept[part.index])
+            compiled = self._compiled_timeline(part.index, report)
+        except Exception as err:  # noqa: BLE001 - reported, and the run goes on
+            warnings.warn(f"counting what inductor's code for planned graph {part.index} stores failed "
+                          f"({type(err).__name__}: {err})", stacklevel=3)
+            return
+        if compiled is None or compiled.peak <= (1 + STORES_TOLD) * timeline.peak:
+            return
+        named = sorted(((nbytes, name) for r in report.values() for name, nbytes in r["unmodelled"].items()), reverse=True)
+        largest = ", ".join(f"{name} {format_bytes(nbytes)}" for nbytes, name in named[:3])
+        warnings.warn(f"inductor's code for planned graph {part.index} stores values the memory model computes "
+                      f"inside their readers ({largest}; {len(named)} in all): counted stored, the graph's peak is "
+                      f"{format_bytes(compiled.peak)} against the {format_bytes(timeline.peak)} it was planned "
+                      f"for ({compiled.peak / timeline.peak - 1:+.1%}). The step's peak so counted is the backend's "
+                      "compiled_step_peak; a lower memory_budget leaves room for the difference", stacklevel=3)
 
     @property
     def compiled_step_peak(self) -> int | None:
@@ -1063,6 +1090,10 @@ def _leaf_grad_bytes(inputs: list, gm: fx.GraphModule | None) -> int:
     return sum(t.numel() * t.element_size() for t in leaves.values())
 
 
+# how far counting what inductor's code stores may raise a graph's simulated peak over its plan's
+# before the user is told (PlannerBackend._tell_stores)
+STORES_TOLD = 0.03
+
 # the first steps in which what code outside the compiled graphs holds is measured (the replans
 # and the predictions read it); later steps skip the allocator's statistics: a dictionary of every
 # counter a read, 127 µs a call on the H200 machine's host (scratch timing, torch 2.11)
@@ -1107,6 +1138,7 @@ class _CountedRuns:
             if (backend._steps >= COUNTED_STEPS and part.grad_bytes is not None and part.released is not None
                     and (part.seen or not backend._replans(self.part))):
                 self.settled = part
+                backend._tell_stores(part)
                 return self.compiled(*args)
         replan = (part is not None and not part.seen and not self.waiting and self.part in backend.runs
                   and backend._replans(self.part))

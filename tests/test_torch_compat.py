@@ -389,6 +389,35 @@ def test_a_buffer_holding_a_value_the_simulation_wrote_in_place_is_no_difference
     assert found[phase]["unmodelled"] == {fused: 4096}
 
 
+def test_the_user_is_told_once_where_what_inductor_stores_raises_a_graphs_peak_over_its_plan():
+    """Once a graph has trained its counted steps, the backend simulates it again counting what
+    inductor's code stores; where that peak is more than ``STORES_TOLD`` over the plan's, a
+    warning names the values and both peaks. With inductor storing every pointwise value that
+    reads two stored inputs (``realize_opcount_threshold`` 0), the test CNN's graph is told once,
+    over five steps; with the planner's own settings it is not."""
+    import warnings
+
+    from planner.compiler import COUNTED_STEPS, STORES_TOLD
+
+    def told(options):
+        model, inputs = MODELS["cnn"]()
+        backend = planner.backend(codegen="inductor", memory_budget=0.0, solver="greedy", inductor_options=options)
+        step = torch.compile(model, backend=backend)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(COUNTED_STEPS + 2):
+                step(*inputs).backward()
+        (compiled,) = backend.compiled_timelines()
+        return [str(w.message) for w in caught if "stores values the memory model computes" in str(w.message)], \
+            compiled.peak / backend.timelines[0].peak - 1
+
+    messages, over = told({"realize_opcount_threshold": 0})
+    assert over > STORES_TOLD and len(messages) == 1
+    assert f"({over:+.1%})" in messages[0] and "compiled_step_peak" in messages[0]
+    messages, over = told({})
+    assert over <= STORES_TOLD and messages == []
+
+
 class _SqueezeExcite(torch.nn.Module):
     """SiLU convolutions and a sigmoid gate over pooled channels (an MBConv block's), in bf16: the
     SiLU's ``sigmoid`` is read twice in its gradient, and the casts around it by several
