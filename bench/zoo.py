@@ -107,6 +107,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
                     "fast_end_kernels": [g.decision.stats.get("fast_end_kernels") for g in backend.graphs],
                     "stores_against_inductor": backend.stores_against_inductor(),
                     "predicted_compiled_peak_bytes": backend.compiled_step_peak,
+                    "polish_restores": backend.polish_restores,
                     "fusions_refused": backend.fusions_refused.refused,
                     "fusions_refused_across": backend.fusions_refused.refused_across}
         record({"method": "planner", "budget": budget, "matched": matched}, compiled, model, details)

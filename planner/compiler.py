@@ -339,12 +339,13 @@ def _with_plan(problem: Problem, decision: Decision, plan: Evaluation, **changes
 
 
 def restore_polish_drops(joint: JointGraph, plan: GraphPlan, compiled_peak: int, among: Collection[str],
-                         fuse: bool = True) -> GraphPlan | None:
+                         fuse: bool = True) -> tuple[GraphPlan | None, dict[str, Any]]:
     """``plan`` with the saves budget 0's polish dropped (:func:`least_peak_polish`, those of
     ``among``) saved again, where the code inductor wrote for a plan that dropped them was found
     to hold ``compiled_peak`` (:meth:`PlannerBackend.compiled_timelines`), more than the plan
     restored is predicted to; None where nothing is to restore, the schedule's peak would pass
-    the budget, or the restored plan is predicted no lower.
+    the budget, or the restored plan is predicted no lower. Beside it, what was tried and how it
+    ended (``outcome``), for :attr:`PlannerBackend.polish_restores`.
 
     The polish drops a save alive at the simulated peak on the memory model's word. Dropping it
     lengthens what the backward recomputes, and a long pointwise expression is one inductor
@@ -355,18 +356,23 @@ def restore_polish_drops(joint: JointGraph, plan: GraphPlan, compiled_peak: int,
     polish = plan.decision.stats.get("polish") or {}
     saved = set(plan.decision.saved)
     dropped = [name for name in polish.get("dropped") or [] if name in set(among) and name not in saved]
+    info: dict[str, Any] = {"dropped": dropped, "compiled_peak": compiled_peak}
     if not dropped:
-        return None
+        return None, {**info, "outcome": "no save of the polish's to restore"}
     names = tuple(plan.decision.saved) + tuple(dropped)
     evaluation = evaluate_names(plan.problem, names)
     if evaluation.peak_bytes > plan.decision.budget_bytes:
-        return None
-    predicted = simulated_timeline(joint, plan.problem, names, fuse).peak
+        return None, {**info, "outcome": "the schedule's peak would pass the budget"}
+    with _torch_compat.lazy_graph_modules():  # walked, never run; counted as the backend counts its graphs
+        forward, backward = emit(joint.copy(), plan.problem, names)
+        predicted = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=joint.released).peak
+    info["restored_peak"] = predicted
     if predicted >= compiled_peak:
-        return None
+        return None, {**info, "outcome": "the plan restored is predicted no lower"}
     note = {**polish, "restored": dropped, "restored_for": {"compiled_peak": compiled_peak, "restored_peak": predicted}}
-    return replace(plan, decision=_with_plan(plan.problem, plan.decision, evaluation,
-                                             stats={**plan.decision.stats, "polish": note}))
+    return (replace(plan, decision=_with_plan(plan.problem, plan.decision, evaluation,
+                                              stats={**plan.decision.stats, "polish": note})),
+            {**info, "outcome": "restored"})
 
 
 # Budget 0: the most simulations spent keeping the polish sweeps' saves that leave the predicted
@@ -681,6 +687,9 @@ class _Part:
     # measured on a CUDA device in the step ``outside_step`` (PlannerBackend._measure_outside)
     outside: int = 0
     outside_step: int | None = None
+    # where planned again with the polish's saves restored (restore_polish_drops): the compiled
+    # graph, plan, timeline, emitted modules and code report it replaced, and that code's peak
+    restored_from: tuple | None = None
 
 
 class PlannerBackend:
@@ -736,6 +745,8 @@ class PlannerBackend:
         # per planned graph, copies of its emitted modules as simulated (inductor rewrites its own)
         self._emitted: list[list | None] = []
         self.replanned: list[Any] = []
+        # per graph whose compiled code held more than its plan, the polish's saves tried again (restore_polish_drops)
+        self.polish_restores: list[dict[str, Any]] = []
         # the latest timeline of each part of the step (a frame's graph, or each graph one compile
         # of a frame hands over), in the order they first compiled: a recompile of a frame (new
         # shapes) replaces its graphs in the step, it does not add to them
@@ -778,6 +789,8 @@ class PlannerBackend:
                 f"the compiled graph (fingerprint {joint.fingerprint}) is not the one the plan was made for "
                 f"({self.fixed.fingerprint}); the model, its input shapes or the codegen changed, so plan again"
             )
+        if part is not None and self._replans(key) and not part.seen:
+            part.joint = joint.copy()  # before the split below consumes the joint graph
         decision = graph_plan.decision
         split = (_pytorch_modules(joint, graph_plan.problem, decision)
                  if self.config.codegen == "inductor" and compiles_as_pytorch(decision) else None)
@@ -809,8 +822,6 @@ class PlannerBackend:
             self._emitted.append(emitted)
             if part is not None:
                 part.index = len(self.graphs) - 1
-        if part is not None and self._replans(key) and not part.seen:
-            part.joint = joint.copy()
         self._step[key] = timeline
         return forward, backward
 
@@ -915,6 +926,29 @@ class PlannerBackend:
             return None
         peak = self.timelines[part.index].peak
         return compiled.peak if compiled is not None and compiled.peak > (1 + STORES_TOLD) * peak else None
+
+    def _settle(self, run: "_CountedRuns", part: _Part) -> None:
+        """As ``run``'s graph settles (counted, measured and planned again): where it was planned
+        again with the polish's saves restored, keep that plan only if its code, counted as
+        :meth:`compiled_timelines` counts it, holds less than the code it replaced (else the
+        replaced code runs again: what inductor stored was not the drops' doing); then tell the
+        user what the code stores (:meth:`_tell_stores`)."""
+        before, part.restored_from = part.restored_from, None
+        if before is not None and 0 <= part.index < len(self.timelines):
+            try:  # inside a training run: a failure here keeps the restored plan
+                compiled = self._compiled_timeline(part.index)
+            except Exception:  # noqa: BLE001 - _tell_stores reports it
+                compiled = None
+            peak = (compiled or self.timelines[part.index]).peak
+            outcome = "kept" if peak < before[-1] else "reverted"
+            self.polish_restores.append({"graph": part.index, "outcome": outcome, "restored_code_peak": peak,
+                                         "compiled_peak": before[-1]})
+            if outcome == "reverted":
+                run.compiled, self.graphs[part.index], timeline, self._emitted[part.index], self.kept[part.index], _ = before
+                self.timelines[part.index] = timeline
+                if run.part in self._step:
+                    self._step[run.part] = timeline
+        self._tell_stores(part)
 
     def _tell_stores(self, part: _Part) -> None:
         """Warn, once a graph's code is written for both phases, where counting what that code
@@ -1097,10 +1131,14 @@ class PlannerBackend:
             again = replace(again, plan_seconds=old.plan_seconds + again.plan_seconds)
         if compiled is not None:
             dropped = (old.decision.stats.get("polish") or {}).get("dropped") or ()
-            again = restore_polish_drops(joint, again, compiled, dropped, self.config.codegen == "inductor") or again
+            restored, info = restore_polish_drops(joint, again, compiled, dropped, self.config.codegen == "inductor")
+            self.polish_restores.append({"graph": part.index, **info})
+            again = restored or again
         if set(again.decision.saved) == set(old.decision.saved):
             self.graphs[part.index] = again  # the same modules: nothing to compile
             return
+        index = part.index
+        before = (run.compiled, old, self.timelines[index], self._emitted[index], self.kept[index], compiled)
         self._replanning, part.plan = key, again
         try:
             compiled = self._compile(gm, inputs)
@@ -1114,6 +1152,8 @@ class PlannerBackend:
             self._replanning, part.plan = None, None
         run.compiled = compiled
         self.replanned.append(key)
+        if "restored" in (again.decision.stats.get("polish") or {}):
+            part.restored_from = before
 
     @property
     def _part(self) -> tuple[int, ...] | None:
@@ -1192,7 +1232,7 @@ class _CountedRuns:
             if (backend._steps >= COUNTED_STEPS and part.grad_bytes is not None and part.released is not None
                     and (part.seen or not backend._replans(self.part))):
                 self.settled = part
-                backend._tell_stores(part)
+                backend._settle(self, part)
                 return self.compiled(*args)
         replan = (part is not None and not part.seen and not self.waiting and self.part in backend.runs
                   and backend._replans(self.part))

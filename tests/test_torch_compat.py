@@ -418,6 +418,98 @@ def test_the_user_is_told_once_where_what_inductor_stores_raises_a_graphs_peak_o
     assert over <= STORES_TOLD and messages == []
 
 
+@pytest.fixture
+def own_decisions(monkeypatch, tmp_path):
+    """Decisions solved here are kept apart from every other test's (memory and disk cache)."""
+    from planner.decisions import forget_decisions
+
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
+    forget_decisions()
+    yield
+    forget_decisions()
+
+
+def _dropping_polish(monkeypatch):
+    """Budget 0's polish, made to drop one more save (the last the solver kept), as it drops one
+    alive at the simulated peak; the name dropped is returned in a list once it has run."""
+    import planner.compiler as compiler
+
+    real, dropped = compiler.least_peak_polish, []
+
+    def polish(joint, problem, decision, fuse=True, checks=None):
+        out = real(joint, problem, decision, fuse, checks)
+        report = dict(out.stats.get("polish") or {})
+        victim = out.saved[-1]
+        plan = compiler.evaluate_names(problem, tuple(n for n in out.saved if n != victim))
+        report["dropped"] = [*report.get("dropped", []), victim]
+        dropped.append(victim)
+        return compiler._with_plan(problem, out, plan, stats={**out.stats, "polish": report})
+
+    monkeypatch.setattr(compiler, "least_peak_polish", polish)
+    return dropped
+
+
+def _train(backend, steps, model_and_inputs=None):
+    model, inputs = model_and_inputs or MODELS["cnn"]()
+    step = torch.compile(model, backend=backend)
+    grads = []
+    for _ in range(steps):
+        for p in model.parameters():
+            p.grad = None
+        step(*inputs).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return model, inputs, grads
+
+
+def test_a_polish_drop_the_compiled_code_contradicts_is_tried_again_and_undone_where_the_code_holds_no_less(
+        monkeypatch, own_decisions):
+    """Where the code inductor wrote for a budget-0 plan holds more than its prediction
+    (``compiled_timelines``), the graph, planned again after its first step, gets back the saves
+    the polish dropped (``restore_polish_drops``) if that plan is predicted lower than the code
+    found; once the restored plan's own code is read, it stays only if that holds less. Here
+    inductor stores every pointwise value reading two stored inputs (``realize_opcount_threshold``
+    0), whatever is saved: the restored plan's code holds as much, so the first plan runs again;
+    every step trains as eager does."""
+    from planner.compiler import COUNTED_STEPS
+
+    dropped = _dropping_polish(monkeypatch)
+    backend = planner.backend(codegen="inductor", memory_budget=0.0, inductor_options={"realize_opcount_threshold": 0})
+    model, inputs, grads = _train(backend, COUNTED_STEPS + 2)
+    tried, undone = backend.polish_restores
+    assert tried["outcome"] == "restored" and tried["dropped"] == dropped[:1]
+    assert tried["restored_peak"] < tried["compiled_peak"]
+    assert undone["outcome"] == "reverted" and undone["restored_code_peak"] >= undone["compiled_peak"]
+    assert dropped[0] not in backend.graphs[0].decision.saved and backend.replanned
+    torch.manual_seed(0)
+    twin, _ = MODELS["cnn"]()
+    twin.load_state_dict(model.state_dict())
+    twin(*inputs).backward()
+    for step_grads in grads:
+        for got, p in zip(step_grads, twin.parameters()):
+            torch.testing.assert_close(got, p.grad, atol=1e-5, rtol=0)
+
+
+def test_a_restored_polish_drop_stays_where_its_code_holds_less(monkeypatch, own_decisions):
+    """The other way: where the restored plan's code, read once compiled, holds less than the
+    code it replaced (its compiled prediction here taken as its plan's, as where what inductor
+    stored was the drop's doing), the restored plan keeps running, saving what the polish had
+    dropped."""
+    from planner.compiler import COUNTED_STEPS, PlannerBackend
+
+    dropped = _dropping_polish(monkeypatch)
+    real = PlannerBackend._compiled_timeline
+
+    def compiled(self, index, report=None):
+        restored = "restored" in (self.graphs[index].decision.stats.get("polish") or {})
+        return self.timelines[index] if restored else real(self, index, report)
+
+    monkeypatch.setattr(PlannerBackend, "_compiled_timeline", compiled)
+    backend = planner.backend(codegen="inductor", memory_budget=0.0, inductor_options={"realize_opcount_threshold": 0})
+    _train(backend, COUNTED_STEPS + 2)
+    assert [r["outcome"] for r in backend.polish_restores] == ["restored", "kept"]
+    assert dropped[0] in backend.graphs[0].decision.saved
+
+
 class _SqueezeExcite(torch.nn.Module):
     """SiLU convolutions and a sigmoid gate over pooled channels (an MBConv block's), in bf16: the
     SiLU's ``sigmoid`` is read twice in its gradient, and the casts around it by several
