@@ -94,7 +94,8 @@ class PlannerConfig:
         its copy back not begun), so this bounds the sum of their bytes.
     replan : plan a compiled graph again once a training step has run, for what the step showed
         (the times the graph ran before its backward; what the graphs after it needed while its
-        saved values waited), compiling it again where the plan changes
+        saved values waited; at budget 0, the saves the polish dropped where inductor's code was
+        found to hold more than the plan), compiling it again where the plan changes
         (:class:`planner.compiler.PlannerBackend`). ``False`` keeps the plans made at compile time.
     """
 
