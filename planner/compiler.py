@@ -23,7 +23,7 @@ from planner.build import build_problem, estimate_step_seconds, hands_on
 from planner.tracing import make_backend
 from planner.config import PlannerConfig
 from planner.decision import Decision, Status
-from planner.decisions import decision_key, reuse_or_solve
+from planner.decisions import KEY, decision_key, keep_decision, reuse_or_solve
 from planner.distributed import agree_on_graph, decide_on_rank0, world
 from planner.emit import Transfer, emit
 from planner.errors import InfeasibleBudget, PlanFileError
@@ -943,6 +943,9 @@ class PlannerBackend:
             outcome = "kept" if peak < before[-1] else "reverted"
             self.polish_restores.append({"graph": part.index, "outcome": outcome, "restored_code_peak": peak,
                                          "compiled_peak": before[-1]})
+            decision = self.graphs[part.index].decision
+            if outcome == "kept" and decision.stats.get(KEY):  # later compiles of the graph start from it
+                keep_decision(decision.stats[KEY], decision)
             if outcome == "reverted":
                 run.compiled, self.graphs[part.index], timeline, self._emitted[part.index], self.kept[part.index], _ = before
                 self.timelines[part.index] = timeline

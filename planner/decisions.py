@@ -32,7 +32,9 @@ from planner.errors import PlannerError
 from planner.graph import JointGraph
 from planner.ops import device_name
 
-__all__ = ["decision_key", "reuse_or_solve", "forget_decisions"]
+__all__ = ["decision_key", "reuse_or_solve", "forget_decisions", "keep_decision", "KEY"]
+
+KEY = "decision_key"  # Decision.stats: the key a decision was solved and kept under
 
 _kept: dict[str, Decision] = {}
 
@@ -90,14 +92,22 @@ def reuse_or_solve(key: str, solve: Callable[[], Decision], check: Callable[[Dec
             _kept[key] = decision
             return _reused(decision, "disk")
     decision = solve()
+    decision = replace(decision, stats={**decision.stats, KEY: key})
+    keep_decision(key, decision)
+    return decision
+
+
+def keep_decision(key: str, decision: Decision) -> None:
+    """Keep ``decision`` under ``key``, in memory and on disk, in place of what was kept there
+    (a decision corrected once its graph was compiled: see
+    :func:`planner.compiler.restore_polish_drops`)."""
     _kept[key] = decision
     try:
         record = decision.to_dict()
     except TypeError as err:  # kept in memory all the same; the step goes on
         warnings.warn(f"the decision was not written to the disk cache: {err}", stacklevel=2)
     else:
-        write_json(path, record)
-    return decision
+        write_json(_path(key), record)
 
 
 def forget_decisions() -> None:

@@ -504,10 +504,20 @@ def test_a_restored_polish_drop_stays_where_its_code_holds_less(monkeypatch, own
         return self.timelines[index] if restored else real(self, index, report)
 
     monkeypatch.setattr(PlannerBackend, "_compiled_timeline", compiled)
-    backend = planner.backend(codegen="inductor", memory_budget=0.0, inductor_options={"realize_opcount_threshold": 0})
+    settings = dict(codegen="inductor", memory_budget=0.0, inductor_options={"realize_opcount_threshold": 0})
+    backend = planner.backend(**settings)
     _train(backend, COUNTED_STEPS + 2)
     assert [r["outcome"] for r in backend.polish_restores] == ["restored", "kept"]
     assert dropped[0] in backend.graphs[0].decision.saved
+    # kept in the decision cache in place of the first: a later process compiles it from the start
+    from planner.decisions import forget_decisions
+
+    forget_decisions()
+    torch._dynamo.reset()
+    later = planner.backend(**settings)
+    _train(later, 1)
+    assert later.graphs[0].decision.stats.get("reused") == "disk" and len(dropped) == 1
+    assert dropped[0] in later.graphs[0].decision.saved
 
 
 class _SqueezeExcite(torch.nn.Module):
