@@ -115,26 +115,38 @@ def _to_cp_model(model: GraphModel, peak: Limit | None = None,
 
     The rows are written into the model's proto directly, one constraint with both bounds per
     row: building them as CP-SAT linear expressions took about 11 s of a DenseNet-121 plan at
-    budget 0 on a 2-core CPU, and each row's terms are whole numbers already."""
+    budget 0 on a 2-core CPU, and each row's terms are whole numbers already. The terms are
+    scaled and rounded for all rows at once (numpy), each row then handed its slice: per term in
+    Python, a model of the built-in GPT at budget 0 (127 thousand rows, 45 thousand variables)
+    took 1.6 s to build, 0.7 s so (2-core CPU); the time counts against the solver's limit."""
     cp = cp_model.CpModel()
     x = [cp.NewBoolVar(f"x{k}") for k in range(model.num_vars)]
     peak_bytes = None
     if peak is not None:
         peak_bytes = cp.NewIntVar(0, int(math.ceil(peak.span)), "peak_bytes")
         x[peak.col] = peak_bytes
-    index = [v.Index() for v in x]
-    constraints = cp.proto.constraints
-    for r, (cols, coefs, lower, upper) in enumerate(model.constraints(whole=True)):
-        if r % 4096 == 0 and time.monotonic() > deadline:
+    index = np.array([v.Index() for v in x], dtype=np.int64)
+    rows = model.rows
+    if not rows.has_canonical_format:  # each column once per row, in order
+        rows = rows.copy()
+        rows.sum_duplicates()
+    unit = np.asarray(model.row_unit, dtype=float)
+    data = rows.data * np.repeat(unit, np.diff(rows.indptr))
+    if peak is not None:
+        data = np.where(rows.indices == peak.col, data / peak.span, data)
+    weights = np.rint(data).astype(np.int64)
+    used = weights != 0
+    starts = np.concatenate(([0], np.cumsum(used)))[rows.indptr].tolist()
+    variables, coefficients = index[rows.indices[used]].tolist(), weights[used].tolist()
+    lower, upper = np.asarray(model.lower, dtype=float) * unit, np.asarray(model.upper, dtype=float) * unit
+    lows = [math.ceil(v - 1e-6) if math.isfinite(v) else cp_model.INT_MIN for v in lower.tolist()]
+    highs = [math.floor(v + 1e-6) if math.isfinite(v) else cp_model.INT_MAX for v in upper.tolist()]
+    add = cp.proto.constraints.add
+    for r, (a, b, low, high) in enumerate(zip(starts, starts[1:], lows, highs)):
+        if not r & 4095 and time.monotonic() > deadline:
             return None
-        terms: dict[int, int] = {}
-        for k, c in zip(cols, coefs):
-            weight = int(round(c / (peak.span if peak is not None and k == peak.col else 1.0)))
-            if weight:
-                terms[index[k]] = terms.get(index[k], 0) + weight
-        linear = constraints.add().linear
-        linear.vars.extend(list(terms))
-        linear.coeffs.extend(list(terms.values()))
-        linear.domain.extend([cp_model.INT_MIN if lower is None else math.ceil(lower - 1e-6),
-                              cp_model.INT_MAX if upper is None else math.floor(upper + 1e-6)])
+        linear = add().linear
+        linear.vars.extend(variables[a:b])
+        linear.coeffs.extend(coefficients[a:b])
+        linear.domain.extend((low, high))
     return cp, x, peak_bytes

@@ -345,3 +345,46 @@ def test_the_plan_summary_says_what_the_polish_sweeps_did():
     checked = {**report, "kept": 5, "dropped": ["a", "b"], "unchecked": 0, "simulations": 9}
     assert "budget 0 kept 5, dropped 2 that raised the predicted peak, left 0 unchecked (9 simulations)" in \
         polish_summary(replace(decision, stats={"polish": checked}))
+
+
+def test_cpsat_writes_each_row_of_the_graph_model_as_one_linear_constraint(monkeypatch):
+    """``_to_cp_model`` scales and rounds every row's terms at once; each constraint must still
+    be its row, term by term: the row's columns (a peak column as its whole-bytes variable) with
+    the coefficients in bytes, rounded (over the peak's span for that column), zeros left out,
+    and the row's bounds in bytes, rounded inwards. Checked on the models the frugal search and
+    the budget's solve build for random problems."""
+    import math
+
+    import numpy as np
+    from ortools.sat.python import cp_model
+
+    import solvers.cpsat as cpsat
+
+    built, real = [], cpsat._to_cp_model
+
+    def spy(model, peak=None, deadline=math.inf):
+        out = real(model, peak, deadline)
+        built.append((model, peak, out))
+        return out
+
+    monkeypatch.setattr(cpsat, "_to_cp_model", spy)
+    for seed in range(3):
+        problem = random_problem(seed, 14, timed=True)
+        frugal = min_peak_plan(problem, 5.0)
+        get_solver("cpsat", time_limit=5.0).solve(problem, frugal.plan.peak_bytes, frugal=frugal.plan)
+    assert any(peak is not None and peak.col is not None for _, peak, _ in built)
+    for model, peak, (cp, x, peak_bytes) in built:
+        constraints = cp.proto.constraints
+        assert len(constraints) == model.rows.shape[0]
+        for r, (cols, coefs, lower, upper) in enumerate(model.constraints(whole=True)):
+            want = {}
+            for k, c in zip(cols.tolist(), coefs.tolist()):
+                weight = round(c / (peak.span if peak is not None and k == peak.col else 1.0))
+                if weight:
+                    want[x[k].Index()] = want.get(x[k].Index(), 0) + weight
+            linear = constraints[r].linear
+            assert dict(zip(linear.vars, linear.coeffs)) == want and list(linear.vars) == list(want)
+            assert list(linear.domain) == [cp_model.INT_MIN if lower is None else math.ceil(lower - 1e-6),
+                                           cp_model.INT_MAX if upper is None else math.floor(upper + 1e-6)]
+        if peak_bytes is not None:
+            assert x[peak.col] is peak_bytes and np.isfinite(peak.span)
