@@ -975,7 +975,8 @@ class PlannerBackend:
                       f"inside their readers ({largest}; {len(named)} in all): counted stored, the graph's peak is "
                       f"{format_bytes(compiled.peak)} against the {format_bytes(timeline.peak)} it was planned "
                       f"for ({compiled.peak / timeline.peak - 1:+.1%}). The step's peak so counted is the backend's "
-                      "compiled_step_peak; a lower memory_budget leaves room for the difference", stacklevel=3)
+                      "compiled_step_peak; with an absolute memory_budget, lowering it by the difference leaves room for it",
+                      stacklevel=3)
 
     @property
     def compiled_step_peak(self) -> int | None:
