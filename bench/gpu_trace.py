@@ -89,6 +89,13 @@ def source(event: dict) -> str:
     return linecache.getline(frames[0]["filename"], frames[0].get("line", 0)).strip()[:110] if frames else ""
 
 
+def _print_peak(title: str, timeline, top: int) -> None:
+    """A simulated timeline's peak and the largest storages alive there."""
+    print(f"{title}: simulated peak {timeline.peak / MIB:.1f} MiB at {timeline.peak_step}")
+    for phase, name, nbytes in timeline.at_peak[:top]:
+        print(f"    {phase:8s} {name:48s} {nbytes / MIB:9.1f} MiB")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=_model_names(), default="gpt")
@@ -113,9 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                                                            f", {backend.compiled_step_peak / MIB:.1f} MiB counting "
                                                            "what inductor's code stores (compiled_step_peak)"))
     for i, timeline in enumerate(backend.timelines):
-        print(f"graph {i}: simulated peak {timeline.peak / MIB:.1f} MiB at {timeline.peak_step}")
-        for phase, name, nbytes in timeline.at_peak[: args.top]:
-            print(f"    {phase:8s} {name:48s} {nbytes / MIB:9.1f} MiB")
+        _print_peak(f"graph {i}", timeline, args.top)
     for i, report in enumerate(backend.stores_against_inductor()):
         for phase, found in report.items():
             named = sorted(found.get("unmodelled", {}).items(), key=lambda kv: -kv[1])
@@ -123,10 +128,7 @@ def main(argv: list[str] | None = None) -> None:
                   + (found["error"] if "error" in found else ", ".join(f"{n} {b / MIB:.1f}" for n, b in named[: args.top])))
     for i, timeline in enumerate(backend.compiled_timelines()):
         if timeline is not None:
-            print(f"graph {i}, counting what inductor's code stores: simulated peak {timeline.peak / MIB:.1f} MiB "
-                  f"at {timeline.peak_step}")
-            for phase, name, nbytes in timeline.at_peak[: args.top]:
-                print(f"    {phase:8s} {name:48s} {nbytes / MIB:9.1f} MiB")
+            _print_peak(f"graph {i}, counting what inductor's code stores", timeline, args.top)
     if blocks:
         print(f"set by {blocks[-1]['size'] / MIB:.1f} MiB at {where(blocks[-1])}: {source(blocks[-1])}")
     for e in sorted(blocks, key=lambda e: -e["size"])[: args.top]:

@@ -363,10 +363,7 @@ def restore_polish_drops(joint: JointGraph, plan: GraphPlan, compiled_peak: int,
     evaluation = evaluate_names(plan.problem, names)
     if evaluation.peak_bytes > plan.decision.budget_bytes:
         return None, {**info, "outcome": "the schedule's peak would pass the budget"}
-    with _torch_compat.lazy_graph_modules():  # walked, never run; counted as the backend counts its graphs
-        forward, backward = emit(joint.copy(), plan.problem, names)
-        predicted = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=joint.released).peak
-    info["restored_peak"] = predicted
+    info["restored_peak"] = predicted = simulated_timeline(joint, plan.problem, names, fuse, joint.released).peak
     if predicted >= compiled_peak:
         return None, {**info, "outcome": "the plan restored is predicted no lower"}
     note = {**polish, "restored": dropped, "restored_for": {"compiled_peak": compiled_peak, "restored_peak": predicted}}
@@ -578,12 +575,14 @@ def simulated_peak(joint: JointGraph, problem: Problem, saved: tuple[str, ...], 
     return simulated_timeline(joint, problem, saved, fuse).peak
 
 
-def simulated_timeline(joint: JointGraph, problem: Problem, saved: tuple[str, ...], fuse: bool = True) -> Timeline:
+def simulated_timeline(joint: JointGraph, problem: Problem, saved: tuple[str, ...], fuse: bool = True,
+                       released: Collection[int] = ()) -> Timeline:
     """:func:`simulated_peak`'s whole timeline, with what is alive at its peak and the kernels
-    the modules run."""
+    the modules run; ``released``: the places of the outputs the caller frees before the
+    backward (``JointGraph.released``), as the backend counts its graphs."""
     with _torch_compat.lazy_graph_modules():  # walked, never run
         forward, backward = emit(joint.copy(), problem, saved)
-        return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse)
+        return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=released)
 
 
 def configured_solver(config: PlannerConfig, problem: Problem, time_limit: float | None = None) -> Solver:
