@@ -360,6 +360,58 @@ def _deepseekv3(size: str):
     return _CausalLM(transformers.DeepseekV3ForCausalLM(cfg)), _tokens(batch, seq, vocab)
 
 
+def _gptneox(size: str):
+    """Attention and MLP side by side from two LayerNorms, one fused qkv projection laid out head
+    by head, rotary on a quarter of each head."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    layers, d, heads, seq, batch, vocab = (6, 1024, 16, 2048, 4, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = GPTNeoXConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=4 * d,
+                        rotary_pct=0.25, max_position_embeddings=seq, vocab_size=vocab, bos_token_id=0, eos_token_id=0)
+    return _CausalLM(GPTNeoXForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _cohere(size: str):
+    """Attention and MLP side by side from one bias-free LayerNorm computed in float32, rotary on
+    interleaved pairs, logits scaled (1/16) before the loss, embedding tied to the head."""
+    return _decoder(size, "Cohere", (6, 1024, 16, 8, 2816, 2048, 4, 8192), logit_scale=0.0625,
+                    pad_token_id=0, bos_token_id=0, eos_token_id=0)
+
+
+def _nemotron(size: str):
+    """Squared-ReLU MLP without a gate, LayerNorms whose weight is 1 + the parameter, rotary on half
+    of each head."""
+    return _decoder(size, "Nemotron", (6, 1024, 16, 8, 4096, 2048, 4, 8192), partial_rotary_factor=0.5,
+                    pad_token_id=0, bos_token_id=0, eos_token_id=0)
+
+
+class _Contrastive(_CausalLM):
+    """A transformers two-tower model as ``(input_ids, pixel_values) -> contrastive loss``."""
+
+    def forward(self, input_ids: torch.Tensor, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, pixel_values=pixel_values, return_loss=True).loss
+
+
+def _clip(size: str):
+    """An image tower (ViT-B/16, 6 layers) and a text tower (6 layers, causal) meeting in one
+    batch-by-batch contrastive loss, quick GELU."""
+    from transformers import CLIPConfig, CLIPModel
+
+    if size == "bench":
+        layers, vd, td, image, patch, seq, batch, vocab = 6, 768, 512, 224, 16, 77, 128, 8192
+    else:
+        layers, vd, td, image, patch, seq, batch, vocab = 1, 64, 32, 32, 8, 16, 3, 128
+    cfg = CLIPConfig(
+        text_config={"num_hidden_layers": layers, "hidden_size": td, "intermediate_size": 4 * td,
+                     "num_attention_heads": td // 64 or 2, "max_position_embeddings": seq, "vocab_size": vocab,
+                     "bos_token_id": 0, "eos_token_id": vocab - 1, "pad_token_id": 1},
+        vision_config={"num_hidden_layers": layers, "hidden_size": vd, "intermediate_size": 4 * vd,
+                       "num_attention_heads": vd // 64 or 2, "image_size": image, "patch_size": patch},
+        projection_dim=td)
+    ids = torch.randint(2, vocab - 1, (batch, seq))
+    return _Contrastive(CLIPModel(cfg)), (ids, torch.randn(batch, 3, image, image))
+
+
 def _timm(arch: str, bench_batch: int, tiny: dict, tiny_arch: str | None = None):
     """``arch`` at the bench size; at the tiny size ``tiny_arch`` (the same family, smaller) or
     ``arch`` itself, built with the ``tiny`` keywords."""
@@ -481,6 +533,25 @@ MODELS: dict[str, ZooModel] = {
                       "pvt_v2_b1 (attention over spatially reduced keys, convolutional MLPs), batch 64"),
     "edgenext": ZooModel(_timm("edgenext_small", 128, {}, tiny_arch="edgenext_xx_small"), "timm",
                          "edgenext_small (convolutions, then attention across channels), batch 128"),
+    # a ninth round, measured before any change for them
+    "gptneox": ZooModel(_gptneox, "transformers", "GPTNeoXForCausalLM, 6 layers, d 1024, 16 heads, rotary 25%, "
+                        "seq 2048, batch 4, vocab 8192"),
+    "cohere": ZooModel(_cohere, "transformers", "CohereForCausalLM (parallel attention and MLP, logit scale), "
+                       "6 layers, d 1024, 16 heads / 8 kv, ffn 2816, seq 2048, batch 4, vocab 8192"),
+    "nemotron": ZooModel(_nemotron, "transformers", "NemotronForCausalLM (squared ReLU, LayerNorm 1p), 6 layers, "
+                         "d 1024, 16 heads / 8 kv, ffn 4096, seq 2048, batch 4, vocab 8192"),
+    "clip": ZooModel(_clip, "transformers", "CLIPModel, contrastive loss, ViT-B/16 image tower and text tower of "
+                     "6 layers each, 224 pixels, 77 tokens, batch 128, vocab 8192"),
+    "mixer": ZooModel(_timm("mixer_b16_224", 64, {"img_size": 64}, tiny_arch="mixer_s32_224"),
+                      "timm", "mixer_b16_224 (MLP-Mixer: token-mixing MLPs over transposed patches), batch 64"),
+    "davit": ZooModel(_timm("davit_tiny", 64, {"depths": (1, 1, 1, 1), "embed_dims": (16, 32, 48, 64),
+                                                "num_heads": (1, 2, 3, 4), "window_size": 2}),
+                      "timm", "davit_tiny (window attention and attention across channel groups), batch 64"),
+    "efficientnetv2": ZooModel(_timm("efficientnetv2_rw_t", 128, {}), "timm",
+                               "efficientnetv2_rw_t (fused MBConv stages, then MBConv with squeeze-excite), batch 128"),
+    "inceptionnext": ZooModel(_timm("inception_next_tiny", 64, {"depths": (1, 1, 1, 1), "dims": (16, 32, 48, 64)}),
+                              "timm", "inception_next_tiny (depthwise convolutions on channel splits: square, "
+                              "1x11 and 11x1), batch 64"),
 }
 
 
