@@ -19,6 +19,7 @@ import torch.fx as fx
 from planner import _torch_compat
 from planner.offload_ops import OFFLOAD, RELOAD, WAIT
 from planner.graph import JointGraph
+from planner.memory import convolutions_laid_out, copied_views
 from planner.ops import (aliased_input, dense_layout, first_tensor, is_getitem, is_random, replays_as_traced,
                          storage_bytes, view_base, written_input)
 from planner.problem import Problem, evaluate_names
@@ -36,15 +37,36 @@ def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...],
     outputs, then the saved tensors, then saved sizes; the backward takes the saved values and
     the tangents and returns the gradients.
     """
+    whole = joint.copy() if convolutions_laid_out([*joint.primals, *joint.forward_nodes]) else None
+    forward, backward = _emit(joint, problem, saved, offloaded or {}, frozenset())
+    if whole is not None and (parts := _copied_parts(forward, joint.num_fwd_outputs)):
+        forward, backward = _emit(whole, problem, saved, offloaded or {}, parts)
+    return forward, backward
+
+
+def _copied_parts(forward: fx.GraphModule, num_fwd_outputs: int) -> frozenset[str]:
+    """The parts of multi-output views (``split``, ``unbind``) that ``forward`` hands to the
+    backward and that inductor would store as copies of their own (:func:`planner.memory.copied_views`):
+    the backward makes them again from their base, saved already, instead of each part being
+    held in a buffer of its own from the forward on. Other views stay handed over even where
+    copied: made again in the backward from a base laid out channels-last, such a view fed
+    matrix products and convolution backwards through a copy for each (ConvNeXt)."""
+    copied = copied_views(forward, num_fwd_outputs)
+    return frozenset(n.name for n in forward.graph.nodes if n.name in copied and is_getitem(n))
+
+
+def _emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...], offloaded: dict[str, Transfer],
+          rebuilt: frozenset[str]) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """:func:`emit`, the views named in ``rebuilt`` made again in the backward from their base."""
     result = evaluate_names(problem, saved)
     by_name = {node.name: node for node in joint.graph.nodes}
     recomputed = {by_name[problem.names[i]] for i in result.recomputed.nonzero()[0]}
     kept = [by_name[problem.names[i]] for i in result.saved.nonzero()[0]]
     replays = _save_rng_states(joint, recomputed)
     recomputed = {replays[n].value if n in replays else n for n in recomputed}
-    _insert_recomputation(joint, recomputed, {r.value: r for r in replays.values()})
+    _insert_recomputation(joint, recomputed, {r.value: r for r in replays.values()}, rebuilt)
     store_narrow_random(joint.graph)
-    kept = _insert_transfers(joint, kept, offloaded or {})
+    kept = _insert_transfers(joint, kept, offloaded)
     saved_values, saved_syms = _saved_values(joint, kept, [r.state for r in replays.values()])
     joint.graph.lint()
     return _torch_compat.extract_fwd_bwd_modules(joint.module, saved_values, saved_syms, joint.num_fwd_outputs)
@@ -107,13 +129,15 @@ def _rng_state_like(node: fx.Node) -> torch.Tensor:
     return mode.from_tensor(state) if mode is not None else state
 
 
-def _insert_recomputation(joint: JointGraph, recomputed: set[fx.Node], replays: dict[fx.Node, _Replay]) -> None:
-    """Give the backward its own copy of every recomputed node, placed before its first user."""
+def _insert_recomputation(joint: JointGraph, recomputed: set[fx.Node], replays: dict[fx.Node, _Replay],
+                          rebuilt: frozenset[str] = frozenset()) -> None:
+    """Give the backward its own copy of every recomputed node, placed before its first user;
+    views of saved values are handed over from the forward, but for those named in ``rebuilt``."""
     graph = joint.graph
     copies: dict[fx.Node, fx.Node] = {}
 
     def copy_of(node: fx.Node, before: fx.Node) -> fx.Node:
-        if node not in recomputed or _view_of_kept(node, recomputed):
+        if node not in recomputed or (node.name not in rebuilt and _view_of_kept(node, recomputed)):
             return node
         if node not in copies:
             replay = replays.get(node)

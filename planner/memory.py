@@ -948,7 +948,7 @@ def _copied_output(node: fx.Node) -> bool:
     channels-last as it was lowered, and the projection's input, its view saved for the
     backward, became a copy of its own (one 9.2 MiB buffer a layer, 4.8% of the budget-0 peak
     the model had missed)."""
-    if getattr(_seen, "preferred", None) is None or aliased_input(node) is None or is_getitem(node):
+    if getattr(_seen, "preferred", None) is None or aliased_input(node) is None:
         return False
     val, laid = node.meta.get("val"), laid_out(node)
     if not isinstance(val, torch.Tensor):
@@ -956,6 +956,23 @@ def _copied_output(node: fx.Node) -> bool:
     if laid is None:
         return _unviewable(node)
     return not _same_layout(laid, _restrided(val, _stored_output(node)))
+
+
+def copied_views(forward: fx.GraphModule, num_fwd_outputs: int) -> frozenset[str]:
+    """Names of the views among ``forward``'s saved values that inductor stores as copies of
+    their own (:func:`_copied_output`), under its layout optimisation; none without it.
+    On an H200 (torch 2.11), InceptionNeXt's channel split of a block's input, which the input
+    was saved beside, went to the backward as four dense copies, the input being stored
+    channels-last and each part's traced strides those of a contiguous tensor's (50 MiB over the
+    simulated budget-0 peak, counted as views)."""
+    nodes = list(forward.graph.nodes)
+    if not convolutions_laid_out(nodes):
+        return frozenset()
+    from planner._torch_compat import inductor_prefers_channels_last
+
+    saved = _outputs(forward)[num_fwd_outputs:]
+    with _graphs_unchanged(), _laid_out_channels_last(True, preferred=inductor_prefers_channels_last(forward.graph)):
+        return frozenset(out.name for out in saved if _copied_output(out))
 
 
 def _unviewable(node: fx.Node) -> bool:
@@ -1021,7 +1038,7 @@ def laid_out(node: fx.Node) -> torch.Tensor | None:
 
 def _laid_out(node: fx.Node, val: torch.Tensor):
     base = aliased_input(node)
-    if base is not None and not is_getitem(node):
+    if base is not None:
         return _viewed(node, base, val)
     if (getattr(_seen, "preferred", None) is not None and node.op == "call_function"
             and node in _graph_outputs(node.graph)):  # stored as it is lowered: later readers read that
@@ -1179,15 +1196,18 @@ def _strided_alike(a: object, b: object) -> bool:
 
 
 def _viewed(node: fx.Node, base: fx.Node, val: torch.Tensor) -> torch.Tensor | None:
-    """``node``'s view of ``base`` replayed on ``base`` as laid out, or None if it cannot be."""
+    """``node``'s view of ``base`` replayed on ``base`` as laid out, or None if it cannot be; a
+    getitem's, one of the views its view op (``split``, ``unbind``) makes."""
     base_val, laid = base.meta.get("val"), laid_out(base)
     if laid is None:
         return None
     if laid is base_val:
         return val
-    args = [laid if a is base else a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args]
+    view = node.args[0] if is_getitem(node) else node
+    args = [laid if a is base else a.meta.get("val") if isinstance(a, fx.Node) else a for a in view.args]
     try:
-        out = node.target(*args, **node.kwargs)
+        out = view.target(*args, **view.kwargs)
+        out = out[node.args[1]] if view is not node else out
     except Exception:  # noqa: BLE001  a view the layout does not allow (inductor copies): unknown
         return None
     return out if isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(val.shape) else None
@@ -1629,7 +1649,7 @@ class _Walk:
         base = _shared_input(node)
         if base is not None:
             if node in self.view_copies:  # stored in a layout of its own (for the backward, or a library kernel)
-                self.values[(phase, node.name)] = _value_bytes(node.meta.get("val"))
+                self.values[(phase, node.name)] = _copy_bytes(node.meta.get("val"))
                 return self._new((phase, node.name), self.values[(phase, node.name)])
             return keys.get(base, ()), ()
         if is_getitem(node):  # one output of a multi-output op, or a tuple of them (nested)
@@ -1667,6 +1687,12 @@ def _leaves(val: object, path: tuple = ()) -> list[tuple[tuple, object]]:
 
 def _value_bytes(val: object) -> int:
     return storage_bytes(val) if isinstance(val, torch.Tensor) else 0
+
+
+def _copy_bytes(val: object) -> int:
+    """Bytes of a dense copy of view ``val``: its own elements (a part of a split, say), not its
+    base's storage."""
+    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
 
 
 def build_schedule(joint: JointGraph, fuse: bool = False) -> Schedule:

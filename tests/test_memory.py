@@ -1185,8 +1185,33 @@ class _AttentionAlongRows(torch.nn.Module):
         return torch.nn.functional.cross_entropy(x.mean((2, 3))[:, :10], y)
 
 
+class _ConvolvedChannelSplits(torch.nn.Module):
+    """InceptionNeXt's token mixer: a channel split of a convolution's output (stored
+    channels-last) into a part kept as it is and three parts convolved depthwise, joined again;
+    each part a view of the split's input, its traced strides those of a contiguous tensor's,
+    and the input saved too (a scale on the residual reads it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.mix = torch.nn.ModuleList(torch.nn.ModuleList(torch.nn.Conv2d(4, 4, k, padding=p, groups=4)
+                                                           for k, p in ((3, 1), ((1, 5), (0, 2)), ((5, 1), (2, 0))))
+                                       for _ in range(2))
+        self.norm = torch.nn.ModuleList(torch.nn.BatchNorm2d(16) for _ in range(2))
+        self.mlp = torch.nn.ModuleList(torch.nn.Conv2d(16, 16, 1) for _ in range(2))
+        self.skip = torch.nn.Parameter(torch.ones(2, 16, 1, 1))
+
+    def forward(self, x, y):
+        x = self.stem(x)
+        for convs, norm, mlp, skip in zip(self.mix, self.norm, self.mlp, self.skip):
+            kept, *parts = torch.split(x, (4, 4, 4, 4), dim=1)
+            mixed = torch.cat((kept, *(conv(part) for conv, part in zip(convs, parts))), dim=1)
+            x = mlp(torch.nn.functional.gelu(norm(mixed))) + x * skip  # skip's gradient reads x
+        return torch.nn.functional.cross_entropy(x.mean((2, 3))[:, :10], y)
+
+
 @pytest.mark.parametrize("budget", [0.0, 0.5])
-@pytest.mark.parametrize("model_class", [_AttentionAfterConvolution, _AttentionAlongRows])
+@pytest.mark.parametrize("model_class", [_AttentionAfterConvolution, _AttentionAlongRows, _ConvolvedChannelSplits])
 def test_the_simulation_carries_the_storages_the_compiled_forward_saves(monkeypatch, budget, model_class):
     """Inductor stores a forward's 4-D outputs channels-last where they follow a convolution,
     whatever they mean, and lays each out so as it lowers it: the attention's transposed output,
@@ -1223,6 +1248,46 @@ def test_the_simulation_carries_the_storages_the_compiled_forward_saves(monkeypa
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         compiled(x, y).backward()
     assert found[-1] == (len(saved), sum(saved.values()))
+
+
+def test_a_saved_view_inductor_would_store_as_a_copy_is_made_again_in_the_backward():
+    """The parts of a channel split of a value stored channels-last, its traced strides those of
+    a contiguous tensor's, handed over from the forward would each be a dense copy alive from the
+    forward to the backward (:func:`planner.memory.copied_views`); the emitter makes them again
+    from the saved value in the backward, and the compiled step saves no part of its own. The
+    step trains like eager."""
+    from planner.memory import copied_views
+    from tests.training import assert_same_step
+
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+    backends = []
+
+    def run(model, inputs):
+        compiled = planner.compile(model, memory_budget=0.0)
+        backends.append(compiled.planner_backend)
+        return compiled
+
+    assert_same_step(lambda: (_ConvolvedChannelSplits(), (x, y)), run)
+    (backend,) = backends
+    forward, _, outputs, _ = backend._emitted[0]
+    assert not copied_views(forward, outputs)
+    part = (4, 4, 16, 16)
+    assert any(isinstance(v := n.meta.get("val"), torch.Tensor) and v.shape == part for n in forward.graph.nodes), "no split"
+    model = _ConvolvedChannelSplits()
+    compiled = planner.compile(model, memory_budget=0.0)
+    compiled(x, y).backward()
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), x, y]}
+    saved = []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in own:
+            saved.append((tuple(t.shape), t.untyped_storage().nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        compiled(x, y).backward()
+    assert saved and not [s for s in saved if s == (part, 4 * 4 * 16 * 16 * 4)], saved
 
 
 class _LayerNorm2d(torch.nn.LayerNorm):
