@@ -389,6 +389,30 @@ def test_a_buffer_holding_a_value_the_simulation_wrote_in_place_is_no_difference
     assert found[phase]["unmodelled"] == {fused: 4096}
 
 
+def test_a_buffer_named_by_a_fused_value_after_a_stored_one_of_its_bytes_is_that_values_storage():
+    """Inductor names a buffer by the nodes computed into it, latest first: a kernel that makes a
+    value the simulation stores and then one it computes in its readers (an attention mask's
+    ``where``, then its ``clone``) stores one buffer, named by the later. Where the stored value
+    of the buffer's bytes is held by no other buffer, that is its storage, not a value the
+    simulation misses (Cohere's and Nemotron's masks on an H200, counted twice in the compiled
+    prediction); of other bytes, or held elsewhere, the fused value is still unmodelled."""
+    from planner.memory import stores_against_inductor
+
+    _, backend = _stores()
+    timeline = backend.timelines[0]
+    phase = "backward"
+    fused = next(name for (where, name), nbytes in timeline.stored.items() if where == phase and nbytes == 0)
+    stored, size = next((name, nbytes) for (where, name), nbytes in timeline.stored.items()
+                        if where == phase and nbytes and (phase, name) not in timeline.written_in_place)
+    lowered = frozenset({fused, stored})
+    found = stores_against_inductor(timeline, {phase: ([(size, (fused, stored))], lowered)})
+    assert found[phase] == {"unmodelled": {}, "unstored": {}}
+    found = stores_against_inductor(timeline, {phase: ([(size + 512, (fused, stored))], lowered)})
+    assert found[phase] == {"unmodelled": {fused: size + 512}, "unstored": {stored: size}}
+    found = stores_against_inductor(timeline, {phase: ([(size, (stored,)), (size, (fused, stored))], lowered)})
+    assert found[phase] == {"unmodelled": {fused: size}, "unstored": {}}
+
+
 def test_the_user_is_told_once_where_what_inductor_stores_raises_a_graphs_peak_over_its_plan():
     """Once a graph has trained its counted steps, the backend simulates it again counting what
     inductor's code stores; where that peak is more than ``STORES_TOLD`` over the plan's, a
