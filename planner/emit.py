@@ -35,7 +35,9 @@ def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...],
     hands those to the backward in host memory. The joint graph is rewritten in place (it is
     consumed). The modules follow AOTAutograd's calling convention: the forward returns its
     outputs, then the saved tensors, then saved sizes; the backward takes the saved values and
-    the tangents and returns the gradients.
+    the tangents and returns the gradients. Under inductor's layout optimisation, where the
+    forward would hand over parts of a split that inductor stores as copies of their own, the
+    modules are emitted again with those parts made in the backward (:func:`_copied_parts`).
     """
     whole = joint.copy() if convolutions_laid_out([*joint.primals, *joint.forward_nodes]) else None
     forward, backward = _emit(joint, problem, saved, offloaded or {}, frozenset())
@@ -281,7 +283,7 @@ def _view_of_kept(node: fx.Node, recomputed: set[fx.Node]) -> bool:
     a layer on Qwen2) went over as a 14 MiB buffer, 3% over the predicted peak."""
     val = node.meta.get("val")
     if node.op != "call_function" or not isinstance(val, torch.Tensor):
-        return False  # multi-output views (``unbind``, ``split``) are made again from their base
+        return False  # a multi-output view op (``split``) is made again; its parts, getitems, are views as any
     if broadcast(val):
         return False
     root = view_base(node)
