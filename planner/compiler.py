@@ -896,7 +896,14 @@ class PlannerBackend:
         """Per planned graph, where the code inductor wrote for each phase compiled so far stores
         values otherwise than the graph's simulation (:func:`planner.memory.stores_against_inductor`):
         what the memory model misses, or counts that inductor does not make."""
-        return [stores_against_inductor(timeline, kept) for timeline, kept in zip(self.timelines, self.kept)]
+        return [self._stores_report(index) for index in range(len(self.timelines))]
+
+    def _stores_report(self, index: int) -> dict[str, dict[str, dict[str, int]]]:
+        """:func:`planner.memory.stores_against_inductor` for graph ``index``, with its emitted
+        phases' graphs where it has them."""
+        emitted = self._emitted[index] if index < len(self._emitted) else None
+        graphs = {"forward": emitted[0].graph, "backward": emitted[1].graph} if emitted is not None else None
+        return stores_against_inductor(self.timelines[index], self.kept[index], graphs)
 
     def compiled_timelines(self) -> list[Timeline | None]:
         """Per planned graph, its simulation again with the values inductor's code was seen to
@@ -908,7 +915,7 @@ class PlannerBackend:
     def _compiled_timeline(self, index: int, report: dict | None = None) -> Timeline | None:
         emitted, kept = self._emitted[index], self.kept[index]
         if report is None:
-            report = stores_against_inductor(self.timelines[index], kept)
+            report = self._stores_report(index)
         if emitted is None or set(kept) != {"forward", "backward"} or any("error" in r for r in report.values()):
             return None
         forward, backward, outputs, released = emitted
@@ -968,7 +975,7 @@ class PlannerBackend:
             return
         timeline = self.timelines[part.index]
         try:  # inside a training run: a failure here must not stop the step
-            report = stores_against_inductor(timeline, self.kept[part.index])
+            report = self._stores_report(part.index)
             compiled = self._compiled_timeline(part.index, report)
         except Exception as err:  # noqa: BLE001 - reported, and the run goes on
             warnings.warn(f"counting what inductor's code for planned graph {part.index} stores failed "

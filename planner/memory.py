@@ -1469,8 +1469,8 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
                     frozenset(walk.in_place))
 
 
-def stores_against_inductor(timeline: Timeline, kept: Mapping[str, tuple[Mapping[str, int], Collection[str]]]
-                            ) -> dict[str, dict[str, dict[str, int]]]:
+def stores_against_inductor(timeline: Timeline, kept: Mapping[str, tuple[Mapping[str, int], Collection[str]]],
+                            graphs: Mapping[str, fx.Graph] | None = None) -> dict[str, dict[str, dict[str, int]]]:
     """Where the code inductor wrote stores values otherwise than the simulation did.
 
     ``kept`` maps a phase compiled to what its code keeps
@@ -1488,8 +1488,12 @@ def stores_against_inductor(timeline: Timeline, kept: Mapping[str, tuple[Mapping
     that stored value's storage under its later name, and no difference: on an H200, Cohere's
     and Nemotron's attention masks, stored by the simulation as the ``where`` that makes them and
     by inductor as the ``clone`` after it (one kernel), counted twice had raised the compiled
-    prediction 5.6% and 12.8% over the plan's, where the measured peak was under it. A phase whose
-    code could not be read has ``"error"`` instead, saying why."""
+    prediction 5.6% and 12.8% over the plan's, where the measured peak was under it. With the
+    phases' ``graphs``, the same holds where the buffer names no stored value but its value is
+    computed, through views and pointwise ops of one input each, from one the simulation stores
+    of the buffer's bytes that no buffer holds (:func:`_stored_source`): inductor's passes had
+    renamed Llama's stored ``where``, so no buffer named it. A phase whose code could not be read
+    has ``"error"`` instead, saying why."""
     found = {}
     for phase, report in kept.items():
         if isinstance(report, str):  # what the compile could not read, and why
@@ -1507,15 +1511,33 @@ def stores_against_inductor(timeline: Timeline, kept: Mapping[str, tuple[Mapping
                 named.append((name, nbytes, names))
         unmodelled = {name: nbytes for name, nbytes in held.items() if own[name] == 0}
         unstored = {name: nbytes for name, nbytes in own.items() if nbytes and name in lowered and name not in held}
+        nodes = {node.name: node for node in graphs[phase].nodes} if graphs and phase in graphs else {}
         for name, nbytes, names in named:  # one storage, named by the later of two values computed into it
-            twin = next((n for n in names if unstored.get(n) == nbytes), None) if name in unmodelled else None
+            if name not in unmodelled:
+                continue
+            twin = next((n for n in names if unstored.get(n) == nbytes), None)
+            if twin is None and name in nodes:  # or by a value computed from one stored under a name the code lost
+                source = _stored_source(nodes[name], own)
+                twin = source if source is not None and source not in held and own[source] == nbytes else None
             if twin is not None:
-                del unstored[twin]
+                unstored.pop(twin, None)
+                held[twin] = nbytes
                 unmodelled[name] -= nbytes
                 if unmodelled[name] <= 0:
                     del unmodelled[name]
         found[phase] = {"unmodelled": unmodelled, "unstored": unstored}
     return found
+
+
+def _stored_source(node: fx.Node, stored: Mapping[str, int]) -> str | None:
+    """The value the simulation stores (``stored``: bytes by name) that ``node``'s value is
+    computed from alone, through views and pointwise ops of one tensor input each (a mask's
+    ``where``, then its ``expand`` and ``clone``); None if it reads more than one value or none."""
+    while (aliased_input(node) is not None or fusible(node)) and len(inputs := node.all_input_nodes) == 1:
+        node = inputs[0]
+        if stored.get(node.name):
+            return node.name
+    return None
 
 
 def _outputs(gm: fx.GraphModule, raw: bool = False) -> list:

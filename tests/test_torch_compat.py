@@ -413,6 +413,35 @@ def test_a_buffer_named_by_a_fused_value_after_a_stored_one_of_its_bytes_is_that
     assert found[phase] == {"unmodelled": {fused: size}, "unstored": {}}
 
 
+def test_a_buffer_for_a_pointwise_copy_of_a_stored_value_the_code_renamed_is_that_values_storage():
+    """Where inductor's passes renamed the stored value, no buffer names it: a buffer named by a
+    pointwise op the simulation computes in its readers, of one input, that input a value the
+    simulation stores of the buffer's bytes and no buffer holds, is that value's storage (Llama's
+    and Nemotron's attention masks on an H200: the ``where`` stored by the simulation, renamed
+    by inductor, and the ``clone`` of it that names the buffer). Found through the phase's graph;
+    without it, of other bytes, or with the value held by a buffer of its own, the pointwise
+    value is unmodelled."""
+    from planner.memory import fusible, stores_against_inductor
+
+    _, backend = _stores()
+    timeline, (_, backward) = backend.timelines[0], backend._emitted[0][:2]
+    phase, graphs = "backward", {"backward": backward.graph}
+    own = {name: nbytes for (where, name), nbytes in timeline.stored.items() if where == phase}
+    fused, stored = next((node.name, node.all_input_nodes[0].name) for node in backward.graph.nodes
+                         if own.get(node.name) == 0 and fusible(node) and len(node.all_input_nodes) == 1
+                         and own.get(node.all_input_nodes[0].name)
+                         and (phase, node.all_input_nodes[0].name) not in timeline.written_in_place)
+    size, lowered = own[stored], frozenset({fused})  # the stored value lowered under another name
+    assert stores_against_inductor(timeline, {phase: ([(size, (fused,))], lowered)}, graphs)[phase] == \
+        {"unmodelled": {}, "unstored": {}}
+    assert stores_against_inductor(timeline, {phase: ([(size, (fused,))], lowered)})[phase] == \
+        {"unmodelled": {fused: size}, "unstored": {}}
+    assert stores_against_inductor(timeline, {phase: ([(size + 512, (fused,))], lowered)}, graphs)[phase] == \
+        {"unmodelled": {fused: size + 512}, "unstored": {}}
+    held = stores_against_inductor(timeline, {phase: ([(size, (stored,)), (size, (fused,))], lowered | {stored})}, graphs)
+    assert held[phase] == {"unmodelled": {fused: size}, "unstored": {}}
+
+
 def test_the_user_is_told_once_where_what_inductor_stores_raises_a_graphs_peak_over_its_plan():
     """Once a graph has trained its counted steps, the backend simulates it again counting what
     inductor's code stores; where that peak is more than ``STORES_TOLD`` over the plan's, a
