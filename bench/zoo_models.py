@@ -412,6 +412,52 @@ def _clip(size: str):
     return _Contrastive(CLIPModel(cfg)), (ids, torch.randn(batch, 3, image, image))
 
 
+class _Speech(_CausalLM):
+    """A transformers speech model with a CTC head as ``(input_values, labels) -> loss``."""
+
+    def forward(self, input_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_values=input_values, labels=labels).loss
+
+
+def _mamba(size: str):
+    """State-space layers whose selective scan, without the library's CUDA kernels, is a loop
+    over the sequence (unrolled into the graph)."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    layers, d, state, seq, batch, vocab = (4, 768, 16, 128, 8, 8192) if size == "bench" else (2, 32, 8, 16, 2, 128)
+    cfg = MambaConfig(num_hidden_layers=layers, hidden_size=d, state_size=state, intermediate_size=2 * d, vocab_size=vocab,
+                      pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    return _CausalLM(MambaForCausalLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _xlnet(size: str):
+    """Two-stream relative attention, the library's default dropout (0.1)."""
+    from transformers import XLNetConfig, XLNetLMHeadModel
+
+    layers, d, heads, seq, batch, vocab = (6, 768, 12, 512, 8, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = XLNetConfig(n_layer=layers, d_model=d, n_head=heads, d_inner=4 * d, vocab_size=vocab)
+    return _CausalLM(XLNetLMHeadModel(cfg)), _tokens(batch, seq, vocab)
+
+
+def _wav2vec2(size: str):
+    """A convolutional feature encoder over raw audio (GroupNorm), a weight-normalised
+    convolutional position embedding, a transformer encoder and a CTC loss. SpecAugment's masks
+    (drawn with numpy) and layer drop are off: with them, torch.compile's own capture draws
+    otherwise than eager, so no step can be compared with eager's."""
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+    if size == "bench":
+        layers, d, heads, samples, batch, targets = 6, 768, 12, 64000, 8, 40
+        conv = {}
+    else:
+        layers, d, heads, samples, batch, targets = 2, 32, 2, 800, 2, 10
+        conv = {"conv_dim": (16, 16), "conv_stride": (5, 2), "conv_kernel": (10, 3), "num_conv_pos_embeddings": 16,
+                "num_conv_pos_embedding_groups": 2}
+    cfg = Wav2Vec2Config(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=4 * d,
+                         vocab_size=32, mask_time_prob=0.0, layerdrop=0.0, ctc_loss_reduction="mean", **conv)
+    return _Speech(Wav2Vec2ForCTC(cfg)), (torch.randn(batch, samples), torch.randint(1, 32, (batch, targets)))
+
+
 def _timm(arch: str, bench_batch: int, tiny: dict, tiny_arch: str | None = None):
     """``arch`` at the bench size; at the tiny size ``tiny_arch`` (the same family, smaller) or
     ``arch`` itself, built with the ``tiny`` keywords."""
@@ -552,6 +598,12 @@ MODELS: dict[str, ZooModel] = {
     "inceptionnext": ZooModel(_timm("inception_next_tiny", 64, {"depths": (1, 1, 1, 1), "dims": (16, 32, 48, 64)}),
                               "timm", "inception_next_tiny (depthwise convolutions on channel splits: square, "
                               "1x11 and 11x1), batch 64"),
+    "mamba": ZooModel(_mamba, "transformers", "MambaForCausalLM (selective scan as a loop over the sequence), 4 layers, "
+                      "d 768, state 16, seq 128, batch 8, vocab 8192"),
+    "xlnet": ZooModel(_xlnet, "transformers", "XLNetLMHeadModel (two-stream relative attention, dropout 0.1), 6 layers, "
+                      "d 768, 12 heads, seq 512, batch 8, vocab 8192"),
+    "wav2vec2": ZooModel(_wav2vec2, "transformers", "Wav2Vec2ForCTC (convolutional feature encoder, CTC loss), 6 layers, "
+                         "d 768, 4 s of 16 kHz audio, batch 8"),
 }
 
 
