@@ -598,6 +598,7 @@ MODELS: dict[str, ZooModel] = {
     "inceptionnext": ZooModel(_timm("inception_next_tiny", 64, {"depths": (1, 1, 1, 1), "dims": (16, 32, 48, 64)}),
                               "timm", "inception_next_tiny (depthwise convolutions on channel splits: square, "
                               "1x11 and 11x1), batch 64"),
+    # a tenth round, so far tried on a CPU only (tiny builds, in the suite)
     "mamba": ZooModel(_mamba, "transformers", "MambaForCausalLM (selective scan as a loop over the sequence), 4 layers, "
                       "d 768, state 16, seq 128, batch 8, vocab 8192"),
     "xlnet": ZooModel(_xlnet, "transformers", "XLNetLMHeadModel (two-stream relative attention, dropout 0.1), 6 layers, "
