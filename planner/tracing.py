@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -136,18 +137,22 @@ def _capture_error(err: Exception) -> CaptureError:
         key in text
         for key in ("data-dependent", "Data-dependent", "data dependent", "GuardOnDataDependent", "generic_jump")
     )
+    where = _user_line(text)
+    where = f" at {where}" if where else ""
+    split = ("or compile it with planner.compile(model, ...) (torch.compile with planner.backend()), which "
+             "plans the graphs between the breaks against one budget for the whole step")
     if data_dependent:
         return CaptureError(
-            f"data-dependent control flow: the model branches on a tensor's value ({first}); "
-            "replace the Python `if`/loop on tensor values with torch.where or torch.cond"
+            f"data-dependent control flow: the model branches on a tensor's value{where} ({first}); "
+            f"replace the Python `if`/loop on tensor values with torch.where or torch.cond, {split}"
         )
     import torch._dynamo.exc as dynamo_exc
 
     if isinstance(err, (dynamo_exc.Unsupported, dynamo_exc.UserError)):
         return CaptureError(
-            f"graph break: torch.compile cannot trace the whole model as one graph ({first}); "
+            f"graph break: torch.compile cannot trace the whole model as one graph{where} ({first}); "
             "remove the unsupported Python construct from forward (prints, .item(), .tolist(), "
-            "calls into non-torch libraries), or use planner.backend(), which plans each graph separately"
+            f"calls into non-torch libraries), {split}"
         )
     if isinstance(err, dynamo_exc.TorchRuntimeError):
         return CaptureError(
@@ -156,6 +161,17 @@ def _capture_error(err: Exception) -> CaptureError:
             "its backend: make `torch.compile(model, backend=\"eager\")` run on these inputs first"
         )
     return CaptureError(f"the model could not be traced by torch.compile: {type(err).__name__}: {first}")
+
+
+def _user_line(text: str) -> str | None:
+    """Where in the model's code dynamo stopped, from its message's "from user code" frames: the
+    innermost one's file name, line and function, and its source line; None if it names none."""
+    _, found, frames = text.partition("from user code:")
+    calls = list(re.finditer(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', frames)) if found else []
+    if not calls:
+        return None
+    path, line, function, source = calls[-1].groups()
+    return f"{Path(path).name}:{line} in {function} (`{source.strip()}`)"
 
 
 def _fake_run_cause(text: str) -> str | None:

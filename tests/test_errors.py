@@ -67,13 +67,19 @@ class DataDependent(nn.Module):
 
 
 def test_graph_break_is_a_capture_error():
-    with pytest.raises(CaptureError, match="graph break"):
+    """The error names the line of the model's code where the capture stopped, and the entry
+    point that plans around breaks."""
+    with pytest.raises(CaptureError, match="graph break") as err:
         planner.capture(GraphBreak(), (torch.randn(2, 4),))
+    assert "test_errors.py:" in str(err.value) and "`torch._dynamo.graph_break()`" in str(err.value)
+    assert "planner.compile(model" in str(err.value)
 
 
 def test_data_dependent_control_flow_is_a_capture_error():
-    with pytest.raises(CaptureError, match="data-dependent control flow.*torch.where or torch.cond"):
+    with pytest.raises(CaptureError, match="data-dependent control flow.*torch.where or torch.cond") as err:
         planner.capture(DataDependent(), (torch.randn(2, 4),))
+    assert "test_errors.py:" in str(err.value) and "in forward (`if y.sum() > 0:`)" in str(err.value)
+    assert "planner.compile(model" in str(err.value)
 
 
 def test_model_without_gradients_is_a_capture_error():
