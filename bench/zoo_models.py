@@ -412,8 +412,8 @@ def _clip(size: str):
     return _Contrastive(CLIPModel(cfg)), (ids, torch.randn(batch, 3, image, image))
 
 
-class _Speech(_CausalLM):
-    """A transformers speech model with a CTC head as ``(input_values, labels) -> loss``."""
+class _Waveform(_CausalLM):
+    """A transformers speech model over raw audio with a CTC head as ``(input_values, labels) -> loss``."""
 
     def forward(self, input_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.model(input_values=input_values, labels=labels).loss
@@ -455,7 +455,7 @@ def _wav2vec2(size: str):
                 "num_conv_pos_embedding_groups": 2}
     cfg = Wav2Vec2Config(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=4 * d,
                          vocab_size=32, mask_time_prob=0.0, layerdrop=0.0, ctc_loss_reduction="mean", **conv)
-    return _Speech(Wav2Vec2ForCTC(cfg)), (torch.randn(batch, samples), torch.randint(1, 32, (batch, targets)))
+    return _Waveform(Wav2Vec2ForCTC(cfg)), (torch.randn(batch, samples), torch.randint(1, 32, (batch, targets)))
 
 
 def _timm(arch: str, bench_batch: int, tiny: dict, tiny_arch: str | None = None):
