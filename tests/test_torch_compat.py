@@ -442,6 +442,25 @@ def test_a_buffer_for_a_pointwise_copy_of_a_stored_value_the_code_renamed_is_tha
     assert held[phase] == {"unmodelled": {fused: size}, "unstored": {}}
 
 
+def test_a_buffer_named_first_by_an_op_of_several_outputs_holds_one_of_them():
+    """A library kernel of several outputs (a convolution's backward, fused attention) has a
+    buffer per output named by the kernel's node first, then by the nodes computed into its
+    inputs: the buffer holds the kernel's output, not a value computed in its readers named
+    after it (Llama's attention outputs had been taken for the grouped keys' ``clone``). Without
+    the phase's graph, the first value the simulation has is still taken."""
+    from planner.memory import stores_against_inductor
+
+    _, backend = _stores()
+    timeline, (_, backward) = backend.timelines[0], backend._emitted[0][:2]
+    phase, graphs = "backward", {"backward": backward.graph}
+    own = {name: nbytes for (where, name), nbytes in timeline.stored.items() if where == phase}
+    several = next(n.name for n in backward.graph.nodes if isinstance(n.meta.get("val"), tuple))
+    fused = next(name for name, nbytes in own.items() if nbytes == 0)
+    kept = {phase: ([(4096, (several, fused))], frozenset({several, fused}))}
+    assert stores_against_inductor(timeline, kept, graphs)[phase]["unmodelled"] == {}
+    assert stores_against_inductor(timeline, kept)[phase]["unmodelled"] == {fused: 4096}
+
+
 def test_the_user_is_told_once_where_what_inductor_stores_raises_a_graphs_peak_over_its_plan():
     """Once a graph has trained its counted steps, the backend simulates it again counting what
     inductor's code stores; where that peak is more than ``STORES_TOLD`` over the plan's, a
