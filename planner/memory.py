@@ -1381,13 +1381,7 @@ _CONSTANTS = (torch.ops.prims.iota.default, torch.ops.aten.scalar_tensor.default
 # them too). Counted as stored,
 # a ResNet-50 plan saved the 8x larger indices (196 MiB at batch 128) instead of the offsets.
 # (Named, not looked up: the prim is registered only once inductor is imported.)
-_LOWERED_POINTWISE = frozenset({"prims._low_memory_max_pool_offsets_to_indices.default",
-                                "aten.slice_scatter.default", "aten.select_scatter.default"})
-# A slice or select scattered into a base is a pointwise kernel too (a ``where`` over the index
-# choosing the source or the base): the base, often a ``full`` of zeros made for a slice's
-# backward, is computed where it is read, never stored. On an H200, XLNet's relative-position
-# backward (96 MiB at batch 8) had the zeros stored beside the scatter's output (budget 0:
-# 522.3 MiB predicted, 435.4 traced).
+_LOWERED_POINTWISE = frozenset({"prims._low_memory_max_pool_offsets_to_indices.default"})
 # Scatters too: inductor's scatter kernel loads its index and source through their loaders, so
 # a pointwise producer (max pooling's indices, scattered into by its backward) is computed there.
 _RNG_WRAPPERS = frozenset({"run_with_rng_state", "run_and_save_rng_state"})  # planner._torch_compat's RNG ops
@@ -1395,8 +1389,7 @@ CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_b
 # indexing ops inductor lowers to pointwise loads at computed indices (the scatters below write a buffer)
 _LOADS = (torch.ops.aten.gather.default, torch.ops.aten.embedding.default, torch.ops.aten.index.Tensor,
           torch.ops.aten._unsafe_index.Tensor)
-_INDEXING = (*_LOADS, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter.src, torch.ops.aten.scatter.value,
-             torch.ops.aten.diagonal_scatter.default, torch.ops.aten.as_strided_scatter.default)
+_INDEXING = (*_LOADS, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter.src, torch.ops.aten.scatter.value)
 
 
 def convolutions_laid_out(nodes: list[fx.Node]) -> bool:
