@@ -6,7 +6,7 @@ import time
 import warnings
 import weakref
 from functools import partial, wraps
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any, Callable, Collection
 
@@ -673,7 +673,10 @@ class _Part:
     repeats: int = 1
     rest_bytes: int | None = None
     beside_backward: int = 0
-    grad_bytes: int | None = None  # gradients its backward leaves in leaf tensors (parameters), from a real run
+    grad_bytes: int | None = None  # gradients one run's backward leaves in leaf tensors (parameters), from a real run
+    # every leaf tensor its runs of a step read, by storage: their gradients are all alive once
+    # the runs' backwards are done (a layer compiled once and run for each layer of a model)
+    grad_leaves: dict = field(default_factory=dict)
     seen: bool = False  # planned again for a step seen (or found right as it was)
     plan: GraphPlan | None = None  # the plan its compile for the step seen uses
     # places of the outputs a run's caller had freed when its backward began (None: not seen yet),
@@ -1028,15 +1031,24 @@ class PlannerBackend:
         before = self._outside(after) if after is not None else 0  # counted with ``after``'s own holds
         for part in parts[parts.index(after) + 1:] if after is not None else parts:
             timeline, repeats = live[part], self._repeats_of(part)
-            own = (max(timeline.forward_peak, timeline.backward_peak + self.grads_after(part)) if backward
-                   else timeline.forward_peak)
+            # its other runs: their saved values, all held while the last run's forward and
+            # backward run; their gradients, all alive while the first run's backward runs last
+            others = (repeats - 1) * timeline.held_after_forward
+            others_grads = max(0, self._grad_bytes(part) - (self._parts[part].grad_bytes or 0)) if part in self._parts else 0
+            own = timeline.forward_peak + others
+            if backward:
+                own = max(own, timeline.backward_peak + self.grads_after(part) + max(others, others_grads))
             outside = max(0, self._outside(part) - before)
-            peak = max(peak, held + outside + (repeats - 1) * timeline.held_after_forward + own)
+            peak = max(peak, held + outside + own)
             held += repeats * timeline.held_after_forward
         return peak
 
     def _grad_bytes(self, part: Any) -> int:
-        return (self._parts[part].grad_bytes or 0) if part in self._parts else 0
+        """Bytes of the gradients all of ``part``'s runs leave in leaf tensors, each storage once."""
+        if part not in self._parts:
+            return 0
+        found = self._parts[part]
+        return max(found.grad_bytes or 0, sum(found.grad_leaves.values()))
 
     def rest_after(self, part: Any) -> int:
         """Predicted peak of what runs between the forward and the backward of ``part``: the
@@ -1193,13 +1205,17 @@ class PlannerBackend:
         return part if part is not None else len(self.timelines)
 
 
-def _leaf_grad_bytes(inputs: list, gm: fx.GraphModule | None) -> int:
-    """Bytes of the gradients a run's backward leaves in leaf tensors that require one (its
-    parameters, as inputs or as attributes of ``gm``): each storage once."""
+def _call_inputs(args: tuple) -> list:
+    """A compiled graph's inputs, as a call passes them (a boxed call passes one list)."""
+    return list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
+
+
+def _leaf_grads(inputs: list, gm: fx.GraphModule | None) -> dict[int, int]:
+    """The gradients a run's backward leaves in leaf tensors that require one (its parameters,
+    as inputs or as attributes of ``gm``): bytes by storage."""
     params = list(gm.parameters()) if gm is not None else []
-    leaves = {t.data_ptr(): t for t in [*inputs, *params]
-              if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf}
-    return sum(t.numel() * t.element_size() for t in leaves.values())
+    return {t.data_ptr(): t.numel() * t.element_size() for t in [*inputs, *params]
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf}
 
 
 # how far counting what inductor's code stores may raise a graph's simulated peak over its plan's
@@ -1247,6 +1263,8 @@ class _CountedRuns:
             backend._training_run(part)
             if backend._steps < OUTSIDE_MEASURED_STEPS:
                 backend._measure_outside(self.part, args)
+            if backend._steps < COUNTED_STEPS:  # each run's own parameters (a layer's, run for each layer)
+                part.grad_leaves.update(_leaf_grads(_call_inputs(args), part.gm))
             if (backend._steps >= COUNTED_STEPS and part.grad_bytes is not None and part.released is not None
                     and (part.seen or not backend._replans(self.part))):
                 self.settled = part
@@ -1255,11 +1273,10 @@ class _CountedRuns:
         replan = (part is not None and not part.seen and not self.waiting and self.part in backend.runs
                   and backend._replans(self.part))
         if part is not None and (part.grad_bytes is None or replan):  # until measured and planned again
-            boxed = len(args) == 1 and isinstance(args[0], list)  # a boxed call passes one list
-            inputs = list(args[0]) if boxed else list(args)
+            inputs = _call_inputs(args)
             if not any(isinstance(x, torch.Tensor) and _torch_compat.is_fake(x) for x in inputs):
                 if part.grad_bytes is None:
-                    part.grad_bytes = _leaf_grad_bytes(inputs, part.gm)
+                    part.grad_bytes = sum(_leaf_grads(inputs, part.gm).values())
                 if replan:
                     backend._plan_again(self, inputs)
         out = self.compiled(*args)
