@@ -10,7 +10,7 @@ import bisect
 import contextlib
 from types import SimpleNamespace
 
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, Mapping
 
 import torch
 import torch.fx as fx
@@ -31,6 +31,7 @@ __all__ = [
     "pytorch_partition",
     "pytorch_saved_names",
     "split_saved_names",
+    "merge_common_subexpressions",
     "pytorch_split_modules",
     "compiled_as_pytorch",
     "report_kept_buffers",
@@ -652,17 +653,51 @@ def pytorch_saved_names(joint: fx.GraphModule, joint_inputs: list, num_fwd_outpu
     return split_saved_names(*pytorch_split_modules(joint, joint_inputs, num_fwd_outputs), known)
 
 
-def split_saved_names(forward: fx.GraphModule, backward: fx.GraphModule, known: Collection[str]) -> list[str]:
+def merge_common_subexpressions(joint: fx.GraphModule) -> fx.GraphModule:
+    """``joint`` (a joint graph handed to a partition function) with its dead code dropped and
+    its common subexpressions merged, as PyTorch's partitioner does before it splits (functorch's
+    ``cse`` setting, on by default; its ``fx_graph_cse``, which leaves random ops and mutations
+    apart): one value computed twice the same way is one value, saved or recomputed once.
+    XLNet casts its dropped-out position embedding for each layer's projection (six identical
+    casts, 12 MiB each at seq 512); PyTorch's split saved one, the planner's graph had six."""
+    import torch._functorch.config as functorch_config
+    from torch._functorch.compile_utils import fx_graph_cse
+
+    joint.graph.eliminate_dead_code()
+    if functorch_config.cse:
+        joint.graph = fx_graph_cse(joint.graph)
+    joint.recompile()
+    return joint
+
+
+def split_saved_names(forward: fx.GraphModule, backward: fx.GraphModule, known: Collection[str],
+                      inputs_of: Mapping[str, Collection[str]] | None = None) -> list[str]:
     """What a split of a joint graph into ``forward`` and ``backward`` saves, named by nodes of
     that joint graph: the backward's inputs other than tangents (saved primals by their
     placeholders' names). A saved value whose name is not in ``known``, such as a ``detach`` the
     split moved into the forward, is named by the first of ``known`` it reads through first
-    inputs, or left out."""
+    inputs, or left out.
+
+    With ``inputs_of`` (a known node's name -> the names of the known nodes it reads), a node of
+    ``forward`` is taken for the known node of its name only if it reads those: a node the split
+    made anew can take the name of another node of the joint graph. PyTorch's split of XLNet
+    (seq 512) moved a backward ``permute`` of the dropped-out position embedding into the
+    forward as ``permute_297``, the name of another permute of the joint graph; taken for that
+    one, the embedding's dropout was left to recompute from seeds that cannot be recomputed,
+    and budget 1.0 fell back to the planner's own fast end."""
     made = {n.name: n for n in forward.graph.nodes}
+
+    def is_known(node: fx.Node) -> bool:
+        if node.name not in known:
+            return False
+        if inputs_of is None or node.name not in inputs_of:
+            return True
+        return {a.name for a in node.all_input_nodes if a.name in known} == set(inputs_of[node.name])
+
     names = []
     for placeholder in backward.graph.find_nodes(op="placeholder"):
         node = made.get(placeholder.name)
-        while node is not None and node.name not in known:
+        while node is not None and not is_known(node):
             node = next((a for a in node.args if isinstance(a, fx.Node)), None)
         if not placeholder.name.startswith("tangents") and node is not None:
             names.append(node.name)

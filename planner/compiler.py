@@ -566,7 +566,9 @@ def _split_of(joint: JointGraph, problem: Problem) -> tuple[fx.GraphModule, fx.G
     (:attr:`JointGraph.partition_kwargs`), and what they save, named by nodes of ``problem``."""
     forward, backward = _torch_compat.pytorch_split_modules(joint.given_module(), list(joint.joint_inputs),
                                                             joint.num_fwd_outputs, **joint.partition_kwargs)
-    return forward, backward, _torch_compat.split_saved_names(forward, backward, known=set(problem.names))
+    names, inputs = problem.names, problem.inputs
+    inputs_of = {name: [names[k] for k in inputs[i]] for i, name in enumerate(names)}
+    return forward, backward, _torch_compat.split_saved_names(forward, backward, known=set(names), inputs_of=inputs_of)
 
 
 def simulated_peak(joint: JointGraph, problem: Problem, saved: tuple[str, ...], fuse: bool = True) -> int:
@@ -775,6 +777,7 @@ class PlannerBackend:
         """AOTAutograd partition function: plan the joint graph and split it accordingly. Where
         the plan is PyTorch's own split (:func:`compiles_as_pytorch`), the split is PyTorch's
         partitioner's own modules, compiled as torch.compile compiles them."""
+        joint_module = _torch_compat.merge_common_subexpressions(joint_module)
         joint = JointGraph(joint_module, num_fwd_outputs, list(joint_inputs), kwargs)
         key = self._step_key
         part = self._parts.get(key)

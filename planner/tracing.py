@@ -96,6 +96,7 @@ def capture(model: nn.Module, example_inputs: Any, codegen: str = "eager",
         )
 
     def grab(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        joint = _torch_compat.merge_common_subexpressions(joint)
         raise _Captured(JointGraph(joint, num_fwd_outputs, list(joint_inputs), kwargs))
 
     target = own_frame(model) if isinstance(model, nn.Module) else model

@@ -323,12 +323,13 @@ def test_budget_zero_keeps_only_the_polish_saves_that_leave_the_predicted_peak_w
     from planner.config import PlannerConfig
     from planner.decisions import forget_decisions
     from planner.problem import evaluate_names
+    from planner.models import GPTConfig, gpt_example
     from planner.tracing import as_inputs, capture
-    from tests import models
 
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     forget_decisions()
-    model, inputs = models.gpt()
+    # a GPT wide enough that its greedy budget-0 plan leaves recomputed values worth saving
+    model, inputs = gpt_example(GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab=128, batch=2, dropout=0.1))
     joint = capture(model, as_inputs(inputs), codegen="inductor")
     graph_plan = solve_graph(joint, PlannerConfig(memory_budget=0.0, solver="greedy"))
     problem, decision = graph_plan.problem, graph_plan.decision
@@ -365,15 +366,16 @@ def test_budget_zero_keeps_only_the_polish_saves_that_leave_the_predicted_peak_w
     untouched = least_peak_polish(joint, problem, replace(decision, stats={**decision.stats, "polish": {"added": []}}))
     assert untouched.saved == decision.saved
 
-    # saves that keep the schedule's peak within the budget, as the sweeps make them, one of which
-    # raises the simulated peak: that one, alive at the raised peak, is dropped, the rest kept
-    def within_budget(names):
-        return evaluate_names(problem, base + tuple(names)).peak_bytes <= decision.budget_bytes
+    # saves that keep the schedule's peak within the budget (made roomier than the plan's, so that
+    # the sweeps could make them), one of which raises the simulated peak: that one, alive at the
+    # raised peak, is dropped, the rest kept
+    def raises_simulated(name):
+        return simulated_peak(joint, problem, base + (name,)) > limit
 
-    raiser = next(n for n in (problem.names[i] for i in costly) if within_budget([n]) and not fits([n]))
+    raiser = next(n for n in (problem.names[i] for i in costly) if n not in harmless and raises_simulated(n))
     swept = harmless[:1] + [raiser] + harmless[1:]
-    assert within_budget(swept)
-    swept_plan = replace(decision, saved=base + tuple(swept),
+    roomy = replace(decision, budget_bytes=max(decision.budget_bytes, evaluate_names(problem, base + tuple(swept)).peak_bytes))
+    swept_plan = replace(roomy, saved=base + tuple(swept),
                          stats={**decision.stats, "polish": {"start": list(base), "added": swept}})
     note = least_peak_polish(joint, problem, swept_plan).stats["polish"]
     assert note["dropped"] == [raiser] and note["dropped_at_peak"] == 1 and note["added"] == harmless

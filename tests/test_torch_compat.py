@@ -188,6 +188,62 @@ def test_pytorch_saved_names_are_joint_nodes_and_leave_the_joint_alone():
     assert [n.format_node() for n in joint.graph.nodes] == before
 
 
+class _TwiceComputed(torch.nn.Module):
+    """One expression of the input written twice, read by two projections."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(16, 16) / 4)
+        self.w2 = torch.nn.Parameter(torch.randn(16, 16) / 4)
+
+    def forward(self, x):
+        return ((x * 2).tanh() @ self.w1).square().mean() + ((x * 2).tanh() @ self.w2).square().mean()
+
+
+def test_a_joint_graph_computes_a_repeated_expression_once_as_pytorchs_partitioner_does():
+    """The joint graph the planner plans has its common subexpressions merged (PyTorch's
+    partitioner merges them before it splits): the expression written twice is one ``tanh``,
+    saved once, and the planned step trains like eager."""
+    torch.manual_seed(0)
+    model, x = _TwiceComputed(), torch.randn(32, 16)
+    joint = planner.capture(model, [x])
+    tanh = [n for n in joint.forward_nodes if n.target is torch.ops.aten.tanh.default]
+    assert len(tanh) == 1
+    merged_again = _torch_compat.merge_common_subexpressions(joint.copy().module)
+    assert len(merged_again.graph.nodes) == len(joint.graph.nodes)  # nothing left to merge
+    twin = _TwiceComputed()
+    twin.load_state_dict(model.state_dict())
+    planner.compile(twin, memory_budget=1.0, codegen="eager", solver="greedy", time_limit=5)(x).backward()
+    model(x).backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=0, msg=name)
+
+
+def test_a_node_the_split_made_anew_is_not_taken_for_a_joint_node_of_its_name():
+    """A split can move a node into the forward under the name of another node of the joint
+    graph. Told what each known node reads, the saved value is named by the node it really
+    is, found through its inputs."""
+    def graph_of(build):
+        graph = torch.fx.Graph()
+        build(graph)
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+    def forward(graph):
+        x = graph.placeholder("x")
+        a = graph.call_function(torch.ops.aten.relu.default, (x,), name="a")
+        b = graph.call_function(torch.ops.aten.permute.default, (a, [1, 0]), name="b")  # made anew
+        graph.output((b,))
+
+    def backward(graph):
+        b = graph.placeholder("b")
+        graph.output((graph.call_function(torch.ops.aten.neg.default, (b,)),))
+
+    fwd, bwd = graph_of(forward), graph_of(backward)
+    known, inputs_of = {"a", "b", "c"}, {"a": [], "b": ["c"], "c": []}  # the joint's b reads c
+    assert _torch_compat.split_saved_names(fwd, bwd, known) == ["b"]
+    assert _torch_compat.split_saved_names(fwd, bwd, known, inputs_of) == ["a"]
+
+
 def test_is_fake_tells_a_compiles_fake_tensors_from_real_ones():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
