@@ -1312,9 +1312,8 @@ class _CountedRuns:
 
 
 def _first_tensor(args: tuple) -> torch.Tensor | None:
-    """A run's first tensor argument (a boxed call passes one list of them)."""
-    flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
-    return next((x for x in flat if isinstance(x, torch.Tensor)), None)
+    """A run's first tensor argument (:func:`_call_inputs`)."""
+    return next((x for x in _call_inputs(args) if isinstance(x, torch.Tensor)), None)
 
 
 def _allocated(args: tuple) -> int | None:
