@@ -679,6 +679,43 @@ def test_a_concatenation_computes_its_pointwise_inputs_where_it_writes_them():
     assert backward_code.count("empty_strided_cpu((128, 32)") == 1  # the product's gradient; no half
 
 
+class _SlicedProjection(torch.nn.Module):
+    """A product read through a slice: the slice's gradient is scattered into zeros (a ``full``
+    and a ``slice_scatter``) for the product's backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 64) / 4)
+
+    def forward(self, x):
+        return (x @ self.w)[:, 8:].square().mean()
+
+
+def test_a_scattered_slice_computes_the_zeros_it_writes_into():
+    """Inductor lowers ``slice_scatter`` to a kernel choosing the source or the base at each
+    index: the zeros of a slice's backward are computed there, never stored. The simulation
+    stores no ``full`` (it had stored both the zeros and the scatter), and inductor's CPU code
+    allocates one buffer of the product's shape in the backward, the scatter's, which the
+    product's backward reads."""
+    from torch._inductor.utils import run_and_get_code
+
+    import planner.memory as memory
+
+    model, x = _SlicedProjection(), torch.randn(128, 16)
+    joint = planner.capture(model, [x], codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    forward, backward = emit(joint.copy(), problem, ["mm"])
+    scatter = next(n for n in backward.graph.nodes if n.target is aten.slice_scatter.default)
+    zeros = scatter.args[0]
+    assert zeros.target is aten.full.default and memory.stored_bytes(zeros, memory.readers(zeros), True) == 0
+    stored = simulate(forward, backward, joint.num_fwd_outputs, fuse=True).stored
+    assert stored[("backward", zeros.name)] == 0 and stored[("backward", scatter.name)] == 128 * 64 * 4
+    torch._dynamo.reset()
+    compiled = planner.compile(_SlicedProjection(), memory_budget=0.0)
+    _, codes = run_and_get_code(lambda: compiled(x).backward())
+    assert codes[-1].count("empty_strided_cpu((128, 64)") == 1  # the scatter's; no zeros apart
+
+
 def _biased_attention(q, k, v, rel, g):
     bias = (rel * 2.0).expand(2, 4, 16, 16).contiguous()  # dense, as planner.attention_masks makes it
     out = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.1)
