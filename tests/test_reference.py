@@ -76,3 +76,26 @@ def test_a_heuristic_below_the_reference_says_so_and_names_the_exact_search():
     with pytest.raises(InfeasibleBudget, match="frugal_search='exact'") as err:
         get_solver("greedy").solve(problem, floor - 1)
     assert err.value.min_feasible_bytes == floor and not err.value.proven
+
+
+def test_the_least_peak_search_leaves_a_plateau_by_saving_within_its_peak(fresh):
+    """On a GPT of alike layers the frugal reference ends where no single move lowers the peak
+    (every layer's backward reaches it alike); saving values within that peak (the polish) opens
+    a way down that the local search then takes, and the exact search starts there."""
+    import time
+
+    from estimators import get_estimator
+    from planner.build import build_problem
+    from planner.models import GPTConfig, gpt_example
+    from solvers.peak_search import lower_peak
+
+    model, batch = gpt_example(GPTConfig(n_layer=4, d_model=64, seq_len=128, dropout=0.0))
+    joint = planner.capture(model, list(batch), codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    start = reference.reference_plan(problem)
+    assert lower_peak(problem, start, deadline=float("inf"))[1] == 0  # no single move lowers it
+    lowered, rounds = frugal._off_plateaus(problem, start, time.monotonic() + 60)
+    assert rounds >= 1 and lowered.peak_bytes < start.peak_bytes
+    found = frugal.min_peak_plan(problem, time_limit=5)
+    assert found.stats["local_search"]["plateau_rounds"][-1] >= 1  # the reference's end, searched last
+    assert found.plan.peak_bytes <= lowered.peak_bytes
