@@ -4,8 +4,9 @@ This search sits above the solvers (it runs CP-SAT) and runs where it changes th
 budget 0 with an exact solver, for an absolute budget an exact solver is given below the frugal
 reference's peak, or when the config asks for it (``frugal_search="exact"``). From the frugal
 reference (:mod:`solvers.reference`) and, on models of repeated blocks, a local search from the
-runtime-optimal plan, the graph model with memory rows (:mod:`solvers.peak_rows`) and a peak
-variable to minimise, solved by CP-SAT, lowers the peak further and proves it least when it
+runtime-optimal plan, each taken off its plateaus (:func:`_off_plateaus`), the graph model with
+memory rows (:mod:`solvers.peak_rows`) and a peak variable to minimise, solved by CP-SAT, lowers
+the peak further and proves it least when it
 finishes within the time limit (``optimal``). The answer is kept on disk per memory model
 (:func:`min_peak_plan`), so a second run does not search again.
 """
