@@ -649,19 +649,33 @@ class _GatedProjection(torch.nn.Module):
         return ((torch.nn.functional.silu(gate) * up) @ self.v).square().mean()
 
 
+def _emitted_saving_mm(model, x):
+    """``model``'s joint graph on ``x`` (inductor codegen), its problem, and the forward and
+    backward emitted for a plan that saves the product ``mm``."""
+    joint = planner.capture(model, [x], codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    return (joint, problem, *emit(joint.copy(), problem, ["mm"]))
+
+
+def _compiled_backward_code(make, x) -> str:
+    """The code inductor writes for the backward of a fresh ``make()`` compiled at budget 0."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    compiled = planner.compile(make(), memory_budget=0.0)
+    _, codes = run_and_get_code(lambda: compiled(x).backward())
+    return codes[-1]
+
+
 def test_a_concatenation_computes_its_pointwise_inputs_where_it_writes_them():
     """The backward's ``cat`` of the gate's and the up projection's gradients: each half is a
     pointwise expression inductor computes where the concatenation writes it (into its slice on
     the CPU, inside one kernel on a GPU), never in a buffer of its own; the simulation and the
     schedule store neither half, and inductor's CPU code allocates no buffer for them."""
-    from torch._inductor.utils import run_and_get_code
-
     import planner.memory as memory
 
-    model, x = _GatedProjection(), torch.randn(128, 16)
-    joint = planner.capture(model, [x], codegen="inductor")
-    problem = build_problem(joint, get_estimator("flops"), fuse=True)
-    forward, backward = emit(joint.copy(), problem, ["mm"])
+    x = torch.randn(128, 16)
+    joint, problem, forward, backward = _emitted_saving_mm(_GatedProjection(), x)
     cat = next(n for n in backward.graph.nodes if n.target is aten.cat.default)
     halves = cat.args[0]
     assert all(memory.stored_bytes(h, memory.readers(h), True) == 0 for h in halves)
@@ -671,10 +685,7 @@ def test_a_concatenation_computes_its_pointwise_inputs_where_it_writes_them():
     assert steps[at][1] - steps[at - 1][1] == 128 * 64 * 4  # the concatenation alone
     plan = evaluate_names(problem, ["mm"])
     assert max(memory_profile(problem, plan).backward) >= max(b for _, b in steps)
-    torch._dynamo.reset()
-    compiled = planner.compile(_GatedProjection(), memory_budget=0.0)
-    _, codes = run_and_get_code(lambda: compiled(x).backward())
-    backward_code = codes[-1]
+    backward_code = _compiled_backward_code(_GatedProjection, x)
     assert "empty_strided_cpu((128, 64)" in backward_code  # the concatenation
     assert backward_code.count("empty_strided_cpu((128, 32)") == 1  # the product's gradient; no half
 
@@ -697,23 +708,17 @@ def test_a_scattered_slice_computes_the_zeros_it_writes_into():
     stores no ``full`` (it had stored both the zeros and the scatter), and inductor's CPU code
     allocates one buffer of the product's shape in the backward, the scatter's, which the
     product's backward reads."""
-    from torch._inductor.utils import run_and_get_code
-
     import planner.memory as memory
 
-    model, x = _SlicedProjection(), torch.randn(128, 16)
-    joint = planner.capture(model, [x], codegen="inductor")
-    problem = build_problem(joint, get_estimator("flops"), fuse=True)
-    forward, backward = emit(joint.copy(), problem, ["mm"])
+    x = torch.randn(128, 16)
+    joint, _, forward, backward = _emitted_saving_mm(_SlicedProjection(), x)
     scatter = next(n for n in backward.graph.nodes if n.target is aten.slice_scatter.default)
     zeros = scatter.args[0]
     assert zeros.target is aten.full.default and memory.stored_bytes(zeros, memory.readers(zeros), True) == 0
     stored = simulate(forward, backward, joint.num_fwd_outputs, fuse=True).stored
     assert stored[("backward", zeros.name)] == 0 and stored[("backward", scatter.name)] == 128 * 64 * 4
-    torch._dynamo.reset()
-    compiled = planner.compile(_SlicedProjection(), memory_budget=0.0)
-    _, codes = run_and_get_code(lambda: compiled(x).backward())
-    assert codes[-1].count("empty_strided_cpu((128, 64)") == 1  # the scatter's; no zeros apart
+    backward_code = _compiled_backward_code(_SlicedProjection, x)
+    assert backward_code.count("empty_strided_cpu((128, 64)") == 1  # the scatter's; no zeros apart
 
 
 def _biased_attention(q, k, v, rel, g):
