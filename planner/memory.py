@@ -1544,10 +1544,10 @@ def stores_against_inductor(timeline: Timeline, kept: Mapping[str, tuple[Mapping
 def _several_outputs(node: fx.Node | None) -> bool:
     """``node`` returns a tuple of tensors (fused attention, a convolution's backward):
     inductor's buffer for one of them names it first, then the nodes computed into its inputs,
-    and holds that output, not any of theirs. On an H200, Llama's attention outputs and their gradients had been taken for
-    the grouped keys' ``clone`` read by the attention, so that clone, computed inside the
-    attention's copy of its inputs, was counted stored twice (32 MiB a layer, compiled
-    prediction +8.3% over the traced peak where the plan's was +3.3%)."""
+    and holds that output, not any of theirs. On an H200, Llama's attention outputs and their
+    gradients had been taken for the grouped keys' ``clone`` read by the attention, so that
+    clone, computed inside the attention's copy of its inputs, was counted stored twice (32 MiB
+    a layer, compiled prediction +8.3% over the traced peak where the plan's was +3.3%)."""
     return node is not None and isinstance(node.meta.get("val"), (tuple, list))
 
 

@@ -6,8 +6,7 @@ reference's peak, or when the config asks for it (``frugal_search="exact"``). Fr
 reference (:mod:`solvers.reference`) and, on models of repeated blocks, a local search from the
 runtime-optimal plan, each taken off its plateaus (:func:`_off_plateaus`), the graph model with
 memory rows (:mod:`solvers.peak_rows`) and a peak variable to minimise, solved by CP-SAT, lowers
-the peak further and proves it least when it
-finishes within the time limit (``optimal``). The answer is kept on disk per memory model
+the peak further and proves it least when it finishes within the time limit (``optimal``). The answer is kept on disk per memory model
 (:func:`min_peak_plan`), so a second run does not search again.
 """
 from __future__ import annotations
