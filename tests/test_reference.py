@@ -78,6 +78,24 @@ def test_a_heuristic_below_the_reference_says_so_and_names_the_exact_search():
     assert err.value.min_feasible_bytes == floor and not err.value.proven
 
 
+@pytest.mark.parametrize("seed", [46, 58])
+def test_the_least_peak_search_polishes_above_the_peak_where_within_it_leads_nowhere(seed, monkeypatch):
+    """Random problems where the frugal reference's peak is reached at several steps: the rounds
+    that save only within the peak stop above the least peak (found by brute force); a round
+    that saves up to a kick above it, then takes the peak down, reaches it."""
+    import time
+
+    problem = random_problem(seed, 14, timed=True)
+    start = reference.reference_plan(problem)
+    least = brute_force_min_peak(problem)
+    with monkeypatch.context() as within_only:
+        within_only.setattr(frugal, "_KICKS", (0.0,))
+        stuck, _ = frugal._off_plateaus(problem, start, time.monotonic() + 60)
+    kicked, rounds = frugal._off_plateaus(problem, start, time.monotonic() + 60)
+    assert stuck.peak_bytes > least
+    assert kicked.peak_bytes == least and rounds >= 1
+
+
 def test_the_least_peak_search_leaves_a_plateau_by_saving_within_its_peak(fresh):
     """On a GPT of alike layers the frugal reference ends where no single move lowers the peak
     (every layer's backward reaches it alike); saving values within that peak (the polish) opens
