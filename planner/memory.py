@@ -237,6 +237,7 @@ def stored_bytes(node: fx.Node, reading: list[fx.Node], fuse: bool, far: Collect
 
 
 REALIZE_READS = 4
+FUSED_IF_SAVED = 4  # producers kept per value by the schedule (Schedule.fused_if_saved)
 
 
 def kernel_steps(order: list[fx.Node], fuse: bool, far: Collection[fx.Node] = (),
@@ -288,6 +289,67 @@ def _inlined(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = (
     if leaves > 1 and any(copies_inputs(r) for r in reading):
         return False  # stored for the library kernel reading it (inductor's realize_hint)
     return one_kernel(reading, far) or not stored_on_reuse(node)
+
+
+def inlined_once_saved(node: fx.Node, reading: list[fx.Node]) -> list[fx.Node]:
+    """The producers whose saving, any one of them, lets inductor compute ``node``'s recomputed
+    copy inside the kernels reading it, where the schedule counts that copy stored (fewest bytes
+    first, then nearest ``node``; none where there are none).
+
+    The schedule looks through a fusible forward value into its producers, as the emitted
+    backward does when they are recomputed too; where the walk counts more than
+    ``REALIZE_READS`` stored inputs, inductor stores the copy (:func:`stored_on_reuse`). A saved
+    producer is one stored input of the emitted backward, and the walk stops there. On an H200,
+    timm's ViT after the merge of common subexpressions: each layer norm's backward reads the
+    forward's normalised input, ``(x - mean) * rstd`` in float32; recomputed, it reads six stored
+    inputs through the residual stream ``x``, and the schedule counted its copy stored (36.9 MiB
+    a layer); with ``x`` saved it reads three, and the compiled backward stored none (budget 0,
+    each block's input saved: 643.2 MiB in the problem, 616.2 traced and simulated)."""
+    if (not reading or _name(node.target) in _RANDOM_VALUES or not fusible(node) or one_kernel(reading)
+            or _heavy_reuse_on_cpu(node) or not all(_leaves_unstored(r) for r in reading)
+            or any(_name(user.target) == _AS_TRACED for user in node.users)):
+        return []
+    through = _looked_through(node, _OWN_DEPTH)
+    found = []
+    for producer, _ in sorted(through.items(), key=lambda item: (storage_bytes(item[0].meta["val"]), item[1])):
+        leaves = _leaf_reads_stopped_at(node, producer, _OWN_DEPTH)
+        if len(leaves) <= REALIZE_READS and not (len(leaves) > 1 and any(copies_inputs(r) for r in reading)):
+            found.append(producer)
+    return found
+
+
+def _looked_through(node: fx.Node, depth: int) -> dict[fx.Node, int]:
+    """The producers holding a tensor of their own that :func:`_leaf_reads` looks into from
+    ``node``, each with the fewest producers between (0: an input of ``node``)."""
+    found: dict[fx.Node, int] = {}
+    frontier, between = [node], 0
+    while frontier and depth > 0:
+        following = []
+        for n in frontier:
+            for inp in n.all_input_nodes:
+                producer = storage_root(inp)
+                if producer not in found and not reads_nothing(producer) and _inlined_producer(producer):
+                    found[producer] = between
+                    following.append(producer)
+        frontier, between, depth = following, between + 1, depth - 1
+    return {p: k for p, k in found.items() if isinstance(p.meta.get("val"), torch.Tensor)}
+
+
+def _leaf_reads_stopped_at(node: fx.Node, stop: fx.Node, depth: int) -> set[fx.Node]:
+    """:func:`_leaf_reads` of ``node`` with ``stop`` read as a stored input (saved)."""
+    leaves: set[fx.Node] = set()
+    for inp in node.all_input_nodes:
+        producer = storage_root(inp)
+        if reads_nothing(producer):
+            continue
+        if producer is not stop and depth > 0 and _inlined_producer(producer):
+            if stop in _looked_through(producer, depth - 1):
+                leaves |= _leaf_reads_stopped_at(producer, stop, depth - 1)
+            else:
+                leaves |= _leaf_reads(producer, depth - 1)
+            continue
+        leaves.add(producer)
+    return leaves
 
 
 def laid_out_for_replay(node: fx.Node) -> bool:
@@ -1805,6 +1867,12 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
         fwd_last[i] = n - 1 if out else min(n - 1, max([i] + [fwd_kernel[r] for r in forward]))
     for j, nbytes in narrow_copy.items():
         fused[j], copy_bytes[j] = False, nbytes
+    fused_if_saved = np.full((n, FUSED_IF_SAVED), -1, dtype=np.int64)
+    if fuse:
+        for i in np.flatnonzero(~fused & (copy_bytes > 0) & (owner == np.arange(n))):
+            node = nodes[i]
+            found = [index[p] for p in inlined_once_saved(node, [r for r in readers(node) if r.op != "output"]) if p in index]
+            fused_if_saved[i, :len(found[:FUSED_IF_SAVED])] = found[:FUSED_IF_SAVED]
     first_read = np.full(n, len(steps), dtype=np.int64)
     last_read = np.full(n, -1, dtype=np.int64)
     far = far_epilogues(steps, fuse)
@@ -1849,7 +1917,7 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
             base[: end + 1] += size
     return Schedule(owner, transient, copy_bytes, fused, made_with, fwd_last, first_read, last_read, held, base,
                     reuse, reuse_base, tuple(s.name for s in steps), fwd_base=fwd_base,
-                    copy_scratch=scratch, no_reuse=no_reuse)
+                    copy_scratch=scratch, no_reuse=no_reuse, fused_if_saved=fused_if_saved)
 
 
 def freed_output_roots(joint: JointGraph) -> set[fx.Node]:

@@ -76,6 +76,12 @@ class Schedule:
     no_reuse : the kernel of node i's ``last_read`` step may not write its output into node i's
         storage (of another dtype, or read at another index:
         :func:`planner.memory.not_written_in_place`; ``None``: none).
+    fused_if_saved : per node i, a row of nodes any one of which, saved, makes node i's
+        recomputed copy fused (``copy_bytes`` 0, ``fused``), where the copy is counted stored
+        because it is computed from their producers
+        (:func:`planner.memory.inlined_once_saved`); -1 pads the row (``None``: none anywhere).
+        Only a plan's evaluation (:func:`profile`) reads it: the solvers' memory rows count the
+        copy stored, an upper bound.
     """
 
     owner: np.ndarray
@@ -95,12 +101,15 @@ class Schedule:
     repeats: int = 1
     copy_scratch: np.ndarray | None = None
     no_reuse: np.ndarray | None = None
+    fused_if_saved: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.copy_scratch is None:
             object.__setattr__(self, "copy_scratch", np.zeros(len(self.owner), dtype=np.int64))
         if self.no_reuse is None:
             object.__setattr__(self, "no_reuse", np.zeros(len(self.owner), dtype=bool))
+        if self.fused_if_saved is None:
+            object.__setattr__(self, "fused_if_saved", np.full((len(self.owner), 1), -1, dtype=np.int64))
 
     @property
     def num_steps(self) -> int:
@@ -138,7 +147,7 @@ class Schedule:
     def check(self, n: int) -> None:
         """Raise ValueError if the arrays do not fit a problem of ``n`` nodes."""
         for name in ("owner", "transient", "copy_bytes", "fused", "made_with", "fwd_last", "first_read", "last_read",
-                     "held", "fwd_base", "copy_scratch", "no_reuse"):
+                     "held", "fwd_base", "copy_scratch", "no_reuse", "fused_if_saved"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Schedule.{name} has {len(getattr(self, name))} rows, expected {n}")
         for name in ("reuse", "reuse_base"):
@@ -192,7 +201,7 @@ def profile(
     :func:`consumers` of ``inputs``, computed here when not given. ``offloads`` marks saved
     values kept in host memory between the forward and the backward (:class:`Offloads`).
     """
-    s = schedule
+    s = with_saved_fusions(schedule, saved)
     n, steps = len(s.owner), s.num_steps
     cons = consumers(inputs, s.owner) if cons is None else cons
     own = s.owns
@@ -310,6 +319,16 @@ class OffloadWindows:
         result.freed_after[self.nodes[where]] = self.freed_after[where]
         result.back_from[self.nodes[where]] = self.back_from[where]
         return result
+
+
+def with_saved_fusions(schedule: Schedule, saved: np.ndarray) -> Schedule:
+    """``schedule`` with the recomputed copies that ``saved`` makes fused
+    (:attr:`Schedule.fused_if_saved`) counted fused."""
+    when = schedule.fused_if_saved
+    on = ((when >= 0) & saved[np.maximum(when, 0)]).any(axis=1)
+    if not on.any():
+        return schedule
+    return replace(schedule, fused=schedule.fused | on, copy_bytes=np.where(on, 0, schedule.copy_bytes))
 
 
 def made_at(schedule: Schedule, cons: list[list[int]], recomputed: np.ndarray) -> dict[int, int]:

@@ -1489,3 +1489,44 @@ def test_a_view_a_library_kernel_reads_is_copied_where_its_base_is_laid_out_othe
     assert own, "no view of the backward is a buffer of its own"
     assert own <= counted, (own, counted)
     assert counted <= own | for_reader, (counted, own, for_reader)
+
+
+def test_a_recomputed_layer_norm_reads_its_saved_input_inside_its_readers():
+    """A layer norm's normalised input, ``(x - mean) * rstd``, read by its forward and its
+    backward: recomputed with ``x`` recomputed too, the schedule's walk reaches more stored
+    inputs than inductor inlines for several readers, so it counts the copy stored; with ``x``
+    saved the walk stops there, and the copy is computed inside each reader. The schedule names
+    the producers that do so (``x`` among them), a plan saving one is evaluated with the copy
+    fused and one saving none with it stored, and the emitted backward of the plan saving ``x``
+    stores no normalised input."""
+    from planner.models import GPTConfig, gpt_example
+    from planner.schedule import with_saved_fusions
+    from solvers.reference import reference_plan
+
+    model, batch = gpt_example(GPTConfig(n_layer=2, d_model=64, seq_len=64))
+    joint = planner.capture(model, list(batch), codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    s, rows = problem.schedule, problem.schedule.fused_if_saved
+    by_name = {node.name: node for node in joint.graph.nodes}
+    plan = reference_plan(problem)  # saves each block's input
+    normalised = [i for i in np.flatnonzero((rows >= 0).any(axis=1))
+                  if _normalised(by_name[problem.names[i]]) and plan.recomputed[i]]
+    assert normalised
+    first = normalised[0]
+    producers = rows[first][rows[first] >= 0]
+    assert plan.saved[producers].any()
+    assert not s.fused[first] and s.copy_bytes[first] > 0  # counted stored, whatever the plan
+    fused = with_saved_fusions(s, plan.saved)
+    assert fused.fused[first] and fused.copy_bytes[first] == 0
+    unsaved = plan.saved.copy()
+    unsaved[producers] = False
+    assert not with_saved_fusions(s, unsaved).fused[first]
+    forward, backward = emit(joint.copy(), problem, [problem.names[i] for i in np.flatnonzero(plan.saved)])
+    stored = simulate(forward, backward, joint.num_fwd_outputs, fuse=True).stored
+    copies = [n for n in backward.graph.nodes if n.meta.get("recomputed") and _normalised(n)]
+    assert copies and all(stored[("backward", n.name)] == 0 for n in copies)
+
+
+def _normalised(node: fx.Node) -> bool:
+    """``node`` is a layer norm's ``(x - mean) * rstd``."""
+    return node.target is aten.mul.Tensor and any(getattr(a, "target", None) is aten.rsqrt.default for a in node.args)
