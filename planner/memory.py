@@ -44,7 +44,10 @@ Both follow the same rules, read from node metadata:
 
 The schedule is built before the plan is known. Its backward fusion looks through a fusible
 forward value into that value's producers, as the emitted backward does when the value is
-recomputed. When the value is saved instead, the emitted backward reads it as a stored tensor,
+recomputed. Where that walk counts a recomputed copy stored (over ``REALIZE_READS``), the
+schedule also names the producers whose saving would stop the walk within it
+(:func:`inlined_once_saved`), and a plan's evaluation counts the copy fused where the plan
+saves one of them. When the value is saved instead, the emitted backward reads it as a stored tensor,
 and a backward expression over it may be fused where the schedule stored it. Its inputs then
 stay alive a few kernels longer, against a temporary the schedule counted: on the test GPT,
 128 bytes under the simulation at some steps, never at the peak. Treating saved-or-recomputed
