@@ -284,14 +284,22 @@ def _inlined(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = (
         return True  # an ``exp`` only the online softmax's reduction reads: computed nowhere
     if _name(node.target) in _RANDOM_VALUES:
         return random_in_one_kernel(node, far)
-    if not ((fusible(node) or reads_nothing(node)) and reading and all(_leaves_unstored(r) for r in reading)):
+    if not _may_inline(node, reading) or _stored_for_library(len(_leaf_reads(node, _OWN_DEPTH)), reading):
         return False
-    if any(_name(user.target) == _AS_TRACED for user in node.users):  # stored where it is made (laid_out_for_replay)
-        return False
-    leaves = len(_leaf_reads(node, _OWN_DEPTH))
-    if leaves > 1 and any(copies_inputs(r) for r in reading):
-        return False  # stored for the library kernel reading it (inductor's realize_hint)
     return one_kernel(reading, far) or not stored_on_reuse(node)
+
+
+def _may_inline(node: fx.Node, reading: list[fx.Node]) -> bool:
+    """``node`` is pointwise (or reads nothing), each of its readers computes it in its own kernel,
+    and the emitter does not lay it out as traced (stored where it is made: :func:`laid_out_for_replay`)."""
+    return ((fusible(node) or reads_nothing(node)) and bool(reading) and all(_leaves_unstored(r) for r in reading)
+            and not any(_name(user.target) == _AS_TRACED for user in node.users))
+
+
+def _stored_for_library(leaves: int, reading: list[fx.Node]) -> bool:
+    """A value reading ``leaves`` stored inputs is stored for the library kernel among its
+    ``reading`` nodes that copies its inputs (inductor's realize_hint)."""
+    return leaves > 1 and any(copies_inputs(r) for r in reading)
 
 
 def inlined_once_saved(node: fx.Node, reading: list[fx.Node]) -> list[fx.Node]:
@@ -308,15 +316,14 @@ def inlined_once_saved(node: fx.Node, reading: list[fx.Node]) -> list[fx.Node]:
     inputs through the residual stream ``x``, and the schedule counted its copy stored (36.9 MiB
     a layer); with ``x`` saved it reads three, and the compiled backward stored none (budget 0,
     each block's input saved: 643.2 MiB in the problem, 616.2 traced and simulated)."""
-    if (not reading or _name(node.target) in _RANDOM_VALUES or not fusible(node) or one_kernel(reading)
-            or _heavy_reuse_on_cpu(node) or not all(_leaves_unstored(r) for r in reading)
-            or any(_name(user.target) == _AS_TRACED for user in node.users)):
+    if (_name(node.target) in _RANDOM_VALUES or not _may_inline(node, reading) or one_kernel(reading)
+            or _heavy_reuse_on_cpu(node)):
         return []
     through = _looked_through(node, _OWN_DEPTH)
     found = []
     for producer, _ in sorted(through.items(), key=lambda item: (storage_bytes(item[0].meta["val"]), item[1])):
-        leaves = _leaf_reads_stopped_at(node, producer, _OWN_DEPTH)
-        if len(leaves) <= REALIZE_READS and not (len(leaves) > 1 and any(copies_inputs(r) for r in reading)):
+        leaves = len(_leaf_reads_stopped_at(node, producer, _OWN_DEPTH))
+        if leaves <= REALIZE_READS and not _stored_for_library(leaves, reading):
             found.append(producer)
     return found
 
@@ -338,15 +345,16 @@ def _looked_through(node: fx.Node, depth: int) -> dict[fx.Node, int]:
     return {p: k for p, k in found.items() if isinstance(p.meta.get("val"), torch.Tensor)}
 
 
-def _leaf_reads_stopped_at(node: fx.Node, stop: fx.Node, depth: int) -> set[fx.Node]:
-    """:func:`_leaf_reads` of ``node`` with ``stop`` read as a stored input (saved)."""
+def _leaf_reads_stopped_at(node: fx.Node, stop: fx.Node | None, depth: int) -> set[fx.Node]:
+    """:func:`_leaf_reads` of ``node``, with ``stop`` (if any) read as a stored input (saved);
+    the producers whose walk does not reach ``stop`` give their own, memoised."""
     leaves: set[fx.Node] = set()
     for inp in node.all_input_nodes:
         producer = storage_root(inp)
         if reads_nothing(producer):
             continue
         if producer is not stop and depth > 0 and _inlined_producer(producer):
-            if stop in _looked_through(producer, depth - 1):
+            if stop is not None and stop in _looked_through(producer, depth - 1):
                 leaves |= _leaf_reads_stopped_at(producer, stop, depth - 1)
             else:
                 leaves |= _leaf_reads(producer, depth - 1)
@@ -788,16 +796,7 @@ def _own_reads_first(node: fx.Node, known: dict) -> None:
 
 
 def _find_leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
-    leaves: set[fx.Node] = set()
-    for inp in node.all_input_nodes:
-        producer = storage_root(inp)
-        if reads_nothing(producer):
-            continue
-        if depth > 0 and _inlined_producer(producer):
-            leaves |= _leaf_reads(producer, depth - 1)
-            continue
-        leaves.add(producer)
-    return frozenset(leaves)
+    return frozenset(_leaf_reads_stopped_at(node, None, depth))
 
 
 def reads_nothing(node: fx.Node) -> bool:
@@ -1874,8 +1873,9 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
     if fuse:
         for i in np.flatnonzero(~fused & (copy_bytes > 0) & (owner == np.arange(n))):
             node = nodes[i]
-            found = [index[p] for p in inlined_once_saved(node, [r for r in readers(node) if r.op != "output"]) if p in index]
-            fused_if_saved[i, :len(found[:FUSED_IF_SAVED])] = found[:FUSED_IF_SAVED]
+            found = [index[p] for p in inlined_once_saved(node, [r for r in readers(node) if r.op != "output"])
+                     if p in index][:FUSED_IF_SAVED]
+            fused_if_saved[i, :len(found)] = found
     first_read = np.full(n, len(steps), dtype=np.int64)
     last_read = np.full(n, -1, dtype=np.int64)
     far = far_epilogues(steps, fuse)

@@ -126,8 +126,8 @@ def _min_peak_plan(problem: Problem, time_limit: float) -> FrugalPlan:
     # each end of the local search taken off its plateaus, the lowest first (the clock may stop
     # the others); the lowest after that starts the exact search
     order = sorted(range(len(searched)), key=lambda k: (searched[k][0].peak_bytes, searched[k][0].seconds))
-    ends = dict((k, _off_plateaus(problem, searched[k][0], deadline)) for k in order)
-    ends = [ends[k] for k in range(len(searched))]
+    taken_off = {k: _off_plateaus(problem, searched[k][0], deadline) for k in order}
+    ends = [taken_off[k] for k in range(len(searched))]
     start_plan = min((plan for plan, _ in ends), key=lambda p: (p.peak_bytes, p.seconds))
     hint = [start_plan]
 
