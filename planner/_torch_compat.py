@@ -26,6 +26,7 @@ __all__ = [
     "inductor_calls_library",
     "inductor_fixes_layout",
     "storage_weakref",
+    "tangents_held_through_backward",
     "has_custom_partitioner_hook",
     "pytorch_knapsack_solvers",
     "pytorch_partition",
@@ -602,6 +603,15 @@ def storage_weakref(tensor: torch.Tensor) -> Any:
     from torch.multiprocessing.reductions import StorageWeakRef
 
     return StorageWeakRef(tensor.untyped_storage())
+
+
+def tangents_held_through_backward() -> bool:
+    """Whether a compiled backward's tangents stay alive until it returns. Without
+    ``boxed_grads_call`` (torch 2.11) the autograd engine holds the gradients it hands an
+    autograd Function's backward, and the zeros it makes for an output that got none, through
+    the call. Where torch has it (2.13), AOTAutograd's compiled functions take them boxed and
+    drop them, so the compiled backward frees each one after its last reader."""
+    return not hasattr(torch.autograd.Function, "boxed_grads_call")
 
 
 # Frames a planned module resumes in after graph breaks inside library code (a decorator's

@@ -10,6 +10,12 @@ Both follow the same rules, read from node metadata:
   at last use); inputs and parameters are held before the step and never counted;
 * forward outputs the caller keeps, and the gradients the backward returns, live to the end
   (outputs seen freed by the time the backward began, ``released``, only to the forward's end);
+  so do the backward's tangents, whatever reads them, on a torch whose autograd engine holds the
+  gradients it hands a compiled backward (and the zeros it makes for an output that got none)
+  until that backward returns (:func:`planner._torch_compat.tangents_held_through_backward`:
+  torch 2.11; on an H200, HF GPT-2's first graph, cut from its loss by a graph break, held the
+  zeros tangent of the hidden states it hands on, 12 MiB, at its backward's peak); elsewhere a
+  tangent is freed after its last reader;
 * with ``fuse=True`` (inductor), a pointwise value (a cast, a constant such as ``iota`` or
   ``full``) read only by pointwise ops, reductions, indexing ops and concatenations
   (:func:`fuses_producers`) is computed inside their kernel and never stored (so is a reduction
@@ -70,6 +76,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from planner._torch_compat import tangents_held_through_backward
 from planner.graph import JointGraph, placed_order
 from planner.offload_ops import OFFLOAD
 from planner.ops import (aliased_input, is_getitem, is_random, replays_as_traced, storage_bytes,
@@ -1691,6 +1698,8 @@ class _Walk:
                 for key in keys[inp]:
                     last[key] = max(last.get(key, -1), kernel[node])
         kept = {key for out in keep for key in keys.get(out, ())} | set(held)
+        if phase == "backward" and tangents_held_through_backward():  # until the backward returns
+            kept |= self.tangents
         due: dict[int, list] = {}  # step -> storages not kept whose last reader runs then: freed after it
         for key in sorted(self.live, key=lambda key: (self.born[key], repr(key))):  # in a fixed order
             if key not in kept:
@@ -1963,7 +1972,9 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
         if is_getitem(node) or not size:
             continue
         start = step_of.get(node, 0)
-        end = T - 1 if node in grads else max([start] + [kernel[r] for r in reading if r in kernel])
+        # a gradient is returned; a tangent may be held by the autograd engine until the backward returns
+        held = node in grads or (node.op == "placeholder" and tangents_held_through_backward())
+        end = T - 1 if held else max([start] + [kernel[r] for r in reading if r in kernel])
         delta[start] += size
         delta[end + 1] -= size
         owned = node not in grads and node.op != "placeholder"  # a tangent is not inductor's to write into

@@ -9,7 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import planner
 from estimators import get_estimator
-from planner._torch_compat import FUSION_DISTANCE
+from planner._torch_compat import FUSION_DISTANCE, tangents_held_through_backward
 from planner.bounds import min_memory_plan, runtime_optimal_plan
 from planner.build import build_problem
 from planner.emit import emit
@@ -70,6 +70,7 @@ def _real_count(gm: fx.GraphModule, args: list, phase: str, held_ptrs: dict, kee
 
     before = {p for a in args for p in ptrs(a)} - set(held_ptrs)
     made, reads = dict(held_ptrs), {}
+    tangent = set(ptrs(args[-1])) if phase == "backward" and tangents_held_through_backward() else set()
     for p, size in ptrs(args[-1]).items():  # the backward's tangent is made for the step
         if phase == "backward":
             made[p] = (-1, size)
@@ -81,7 +82,8 @@ def _real_count(gm: fx.GraphModule, args: list, phase: str, held_ptrs: dict, kee
         for inp in node.all_input_nodes:
             for p in ptrs(env[inp]):
                 reads[p] = k
-    kept = ({p for o in outputs for p in ptrs(o)} if keep_outputs else set()) | set(kept_extra)
+    # and held, like the outputs kept, until the backward returns (the autograd engine holds it)
+    kept = ({p for o in outputs for p in ptrs(o)} if keep_outputs else set()) | set(kept_extra) | tangent
     counts = []
     for k, node in enumerate(order):
         alive = [size for p, (start, size) in made.items() if start <= k and (p in kept or reads.get(p, start) >= k)]
@@ -1025,7 +1027,12 @@ def test_a_backward_kernel_writes_in_place_into_its_own_storages_never_a_tangent
     at_scale = next(b for phase, name, b in timeline.steps if phase == "backward" and name == scaled)
     one = 8 * 4 * 4  # a tangent, a product and the scaled value are each this size
     saved, loss = 8 * 6 * 4, 4  # the saved copy of x, the loss the caller keeps
-    assert at_scale == saved + loss + (one if written_in_place else 2 * one)
+    # the scaled value is written into the product where there is one, never into the tangent
+    assert (("backward", scaled) in timeline.written_in_place) == written_in_place
+    if tangents_held_through_backward():  # the tangent and w (no saved value), until the backward returns
+        assert at_scale == saved + loss + one + 4 * 4 * 4 + one
+    else:
+        assert at_scale == saved + loss + (one if written_in_place else 2 * one)
 
 
 class _LossAndScaled(torch.nn.Module):
@@ -1053,6 +1060,73 @@ def test_the_schedule_writes_no_backward_output_into_a_tangent():
     assert memory_profile(problem, plan).backward.tolist() == simulated
     scaled = 8 * 4 * 4  # kept by the caller; its tangent and the logits' gradient are as large
     assert max(simulated) >= 3 * scaled
+
+
+
+class _TwoOutputs(torch.nn.Module):
+    """A product and its ReLU handed on, as a graph cut by a graph break hands on the values
+    the rest of the step reads: the step differentiates only the ReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(6, 4))
+
+    def forward(self, x):
+        h = x @ self.w
+        return torch.relu(h) * 2.0, h * 3.0
+
+
+def test_a_compiled_backward_holds_its_tangents_until_it_returns(monkeypatch):
+    """On torch 2.11 the autograd engine holds the gradients it hands a compiled backward, and
+    the zeros it makes for an output that got none, until that backward returns; on 2.13
+    AOTAutograd takes them boxed and they go as the backward drops them. The memory model
+    counts tangents as the installed torch keeps them (``tangents_held_through_backward``)."""
+    from functorch.compile import make_boxed_func
+
+    from planner._torch_compat import aot_autograd, storage_weakref
+
+    seen = {}
+
+    def backward_compiler(gm, example_inputs):
+        tangents = [k for k, p in enumerate(gm.graph.find_nodes(op="placeholder")) if "tangents" in p.name]
+
+        def run(args):
+            refs = [storage_weakref(args[k]) for k in tangents]
+            out = gm(*args)
+            args.clear()  # as inductor's code drops its inputs: no reference of the backward's own is left
+            own = torch.ones(8, 4)
+            mine = storage_weakref(own)
+            del own
+            seen.update(tangents=[not r.expired() for r in refs], own=not mine.expired())
+            return out
+
+        run._boxed_call = True
+        return run
+
+    model, x = _TwoOutputs(), torch.randn(8, 6)
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), bw_compiler=backward_compiler)
+    relu, product = torch.compile(model, backend=backend, fullgraph=True)(x)
+    (relu * 5.0).sum().backward()  # the product gets no gradient: the engine hands zeros for it
+    held = tangents_held_through_backward()
+    assert seen == {"tangents": [held, held], "own": False}
+
+    # the simulation and the schedule hold both tangents (the caller keeps both outputs) to the
+    # backward's last step where the engine does; where it does not, they free them earlier
+    last = {}
+    for kept in (True, False):
+        monkeypatch.setattr(planner.memory, "tangents_held_through_backward", lambda kept=kept: kept)
+        joint = planner.capture(model, [x], codegen="inductor")
+        problem = build_problem(joint, get_estimator("flops"), fuse=True)
+        plan = runtime_optimal_plan(problem)
+        forward, backward = emit(joint, problem, [problem.names[i] for i in np.flatnonzero(plan.saved)])
+        steps = [b for phase, _, b in simulate(forward, backward, joint.num_fwd_outputs, fuse=True).steps
+                 if phase == "backward"]
+        assert memory_profile(problem, plan).backward[-1] == steps[-1]  # the weight's gradient, last
+        last[kept] = steps[-1]
+    # at the weight's gradient: both outputs, the product's summed gradient it reads, and itself
+    outputs, tangent, weight_grad = 2 * 8 * 4 * 4, 8 * 4 * 4, 6 * 4 * 4
+    assert last[False] == outputs + tangent + weight_grad
+    assert last[True] == last[False] + 2 * tangent  # the two tangents, read by the first two steps
 
 
 class _ReluStack(torch.nn.Module):
