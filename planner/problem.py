@@ -7,7 +7,7 @@ seconds recomputation costs); every solver's reported figures come from :func:`e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 from functools import cached_property
 
@@ -18,7 +18,8 @@ from scipy.sparse.csgraph import breadth_first_order
 from planner.errors import PlannerError
 from planner.schedule import Offloads, Profile, Schedule, consumers, profile
 
-__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "memory_profile", "offloads_of"]
+__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "memory_profile", "bound_peak",
+           "offloads_of"]
 
 
 class InfeasibleDecision(PlannerError):
@@ -197,6 +198,16 @@ def memory_profile(problem: Problem, plan: Evaluation, offloads: Offloads | None
     """Memory at every forward and backward step of an evaluated plan, bytes (with
     ``offloads``, those saved values off the device between their transfers)."""
     return _profile(problem, plan.saved, plan.recomputed, offloads)
+
+
+def bound_peak(problem: Problem, plan: Evaluation) -> int:
+    """``plan``'s peak as the solvers' memory rows count it: every recomputed copy the schedule
+    counts stored is stored, also where a producer the plan saves lets inductor compute it
+    inside its readers (:attr:`planner.schedule.Schedule.fused_if_saved`, which a plan's own
+    peak follows). At or above ``plan.peak_bytes``."""
+    schedule = replace(problem.schedule, fused_if_saved=None)
+    rng = _rng_bytes(problem, plan.recomputed)
+    return profile(schedule, problem.inputs, problem.nbytes, plan.saved, plan.recomputed, rng, problem.consumers).peak
 
 
 def _rng_bytes(problem: Problem, recomputed: np.ndarray) -> int:

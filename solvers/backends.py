@@ -15,7 +15,8 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from planner.decision import Status
-from planner.problem import Evaluation, Problem, evaluate
+from planner.errors import SolverError
+from planner.problem import Evaluation, Problem, bound_peak, evaluate
 from solvers.base import Solution, relative_gap
 from solvers.graph_model import GraphModel, build_graph_model, seconds_bound, tie_broken_objective
 from solvers.peak_rows import Round, Steps, solve_within_peak
@@ -56,19 +57,32 @@ def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline
         restrict(build, base)
     objective = tie_broken_objective(base)
     bounds = [bound]
+    infeasible = []
 
     def solve(model, limit):
         padded = np.pad(objective, (0, model.num_vars - len(objective)))
         answer = run(model, padded, model.vector(start.saved, start.recomputed))
         if answer.bound is not None:
             bounds.append(seconds_bound(answer.bound, base))
+        if answer.infeasible:
+            infeasible.append(True)
         return to_round(problem, model, answer)
 
     result, stats = solve_within_peak(problem, base, build, solve, deadline, limit_bytes=budget_bytes, steps=steps)
     stats["start_seconds"] = start.seconds
     if result.plan is not None and result.optimal and result.plan.peak_bytes <= budget_bytes:
         return Solution(result.plan.saved, Status.OPTIMAL, 0.0, stats)
-    if result.plan is None or result.plan.peak_bytes > budget_bytes or result.plan.seconds > start.seconds:
+    if infeasible and result.plan is None:
+        rows_peak = bound_peak(problem, start)
+        if rows_peak <= budget_bytes:  # the rows admit the start: they cannot be infeasible
+            raise SolverError(f"the memory rows were proven infeasible at {budget_bytes} bytes, which the starting "
+                              f"plan meets in them ({rows_peak} bytes); this is a bug in the model, please report it")
+        # the start fits only where its saved producers let inductor fuse copies, which the rows
+        # count stored (an upper bound): no plan they count within the budget exists
+        stats["answer"] = (f"the starting plan: the memory rows admit no plan within the budget (they count "
+                           f"{rows_peak} bytes for it, storing the copies it fuses where it saves their producers)")
+        found = start
+    elif result.plan is None or result.plan.peak_bytes > budget_bytes or result.plan.seconds > start.seconds:
         stats["answer"] = "the starting plan: the time limit passed before a faster plan within the budget was found"
         found = start
     else:

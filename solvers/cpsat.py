@@ -50,7 +50,7 @@ class CPSATSolver(Solver):
     ) -> Solution:
         solution = solve_from_start(problem, budget_bytes, frugal, deadline,
                                     lambda model, objective, start, until: run_cpsat(model, objective, start, until,
-                                                                                     self.workers),
+                                                                                     self.workers, may_be_infeasible=True),
                                     starts)
         solution.stats["workers"] = self.workers
         return solution
@@ -67,8 +67,10 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint: np.ndarray,
 
     With ``peak`` (a limit with a column), that column becomes a whole number of bytes and is
     the objective; otherwise ``objective`` is scaled to integers. A program proven infeasible
-    is a bug in the model unless ``may_be_infeasible`` (a budget no plan the caller knows
-    meets): then the answer says so.
+    is a bug in the model unless ``may_be_infeasible``: then the answer says so. The exact
+    solvers' programs may be, where the budget is met only by plans whose saved producers let
+    inductor fuse copies their memory rows count stored (:func:`solvers.backends.within_peak`
+    tells the two apart).
     """
     built = _to_cp_model(model, peak, deadline)
     if built is None or time.monotonic() > deadline:

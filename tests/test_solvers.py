@@ -391,3 +391,36 @@ def test_cpsat_writes_each_row_of_the_graph_model_as_one_linear_constraint(monke
                                            cp_model.INT_MAX if upper is None else math.floor(upper + 1e-6)]
         if peak_bytes is not None:
             assert x[peak.col] is peak_bytes and np.isfinite(peak.span)
+
+
+def test_memory_rows_proven_infeasible_return_the_start_where_it_fits_only_through_fused_copies():
+    """The memory rows count stored every copy the schedule does, also where a producer a plan
+    saves lets inductor compute it inside its readers, which a plan's evaluation follows: at a
+    budget met only so (budget 0's least peak), the rows admit no plan. The exact solvers then
+    return their starting plan and say why; rows proven infeasible where they admit the start
+    are still a bug, and raise."""
+    import time as clock
+
+    import planner
+    from estimators import get_estimator
+    from planner.build import build_problem
+    from planner.errors import SolverError
+    from planner.models import GPTConfig, gpt_example
+    from planner.problem import bound_peak
+    from solvers.backends import Answer, within_peak
+
+    model, batch = gpt_example(GPTConfig(n_layer=2, d_model=64, seq_len=64))
+    problem = build_problem(planner.capture(model, list(batch), codegen="inductor"), get_estimator("flops"), fuse=True)
+    start = reference_plan(problem)  # saves each block's input: its normalised inputs are fused
+    counted = bound_peak(problem, start)
+    assert counted > start.peak_bytes
+
+    def proven_infeasible(model, objective, vector):
+        return Answer(None, False, infeasible=True)
+
+    deadline = clock.monotonic() + 30
+    solution = within_peak(problem, start.peak_bytes, start, deadline, proven_infeasible)
+    assert solution.status == Status.FEASIBLE and (solution.saved == start.saved).all()
+    assert f"they count {counted} bytes" in solution.stats["answer"]
+    with pytest.raises(SolverError, match="bug in the model"):
+        within_peak(problem, counted, start, deadline, proven_infeasible)
