@@ -1047,16 +1047,22 @@ class _LossAndScaled(torch.nn.Module):
         return logits.sum(), logits * 3.0
 
 
-def test_the_schedule_writes_no_backward_output_into_a_tangent():
-    # the logits' gradient (the scaled logits' tangent times 3 plus the loss's tangent) is one
-    # kernel that reads that tangent last, the only storage of its size it could write into
-    model, x = _LossAndScaled(), torch.randn(8, 6)
+def _fastest_plans_backward(model, x):
+    """The problem of ``model`` under inductor's rules, its fastest plan, and the bytes the
+    simulation of that plan's emitted backward holds at each of its steps."""
     joint = planner.capture(model, [x], codegen="inductor")
     problem = build_problem(joint, get_estimator("flops"), fuse=True)
     plan = runtime_optimal_plan(problem)
     forward, backward = emit(joint, problem, [problem.names[i] for i in np.flatnonzero(plan.saved)])
-    simulated = [b for phase, _, b in simulate(forward, backward, joint.num_fwd_outputs, fuse=True).steps
-                 if phase == "backward"]
+    steps = [b for phase, _, b in simulate(forward, backward, joint.num_fwd_outputs, fuse=True).steps
+             if phase == "backward"]
+    return problem, plan, steps
+
+
+def test_the_schedule_writes_no_backward_output_into_a_tangent():
+    # the logits' gradient (the scaled logits' tangent times 3 plus the loss's tangent) is one
+    # kernel that reads that tangent last, the only storage of its size it could write into
+    problem, plan, simulated = _fastest_plans_backward(_LossAndScaled(), torch.randn(8, 6))
     assert memory_profile(problem, plan).backward.tolist() == simulated
     scaled = 8 * 4 * 4  # kept by the caller; its tangent and the logits' gradient are as large
     assert max(simulated) >= 3 * scaled
@@ -1115,12 +1121,7 @@ def test_a_compiled_backward_holds_its_tangents_until_it_returns(monkeypatch):
     last = {}
     for kept in (True, False):
         monkeypatch.setattr(planner.memory, "tangents_held_through_backward", lambda kept=kept: kept)
-        joint = planner.capture(model, [x], codegen="inductor")
-        problem = build_problem(joint, get_estimator("flops"), fuse=True)
-        plan = runtime_optimal_plan(problem)
-        forward, backward = emit(joint, problem, [problem.names[i] for i in np.flatnonzero(plan.saved)])
-        steps = [b for phase, _, b in simulate(forward, backward, joint.num_fwd_outputs, fuse=True).steps
-                 if phase == "backward"]
+        problem, plan, steps = _fastest_plans_backward(model, x)
         assert memory_profile(problem, plan).backward[-1] == steps[-1]  # the weight's gradient, last
         last[kept] = steps[-1]
     # at the weight's gradient: both outputs, the product's summed gradient it reads, and itself
