@@ -49,7 +49,11 @@ def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline
     gap to the best bound any round proved (each round relaxes the full program, so its bound
     holds) or ``bound``, seconds known beforehand to be a bound, whichever is higher.
     ``restrict(build, base)`` adds rows that restrict the program (:func:`tie_blocks`); the
-    status and gap are then of that program only. ``steps`` (:class:`solvers.peak_rows.Steps`) carries the
+    status and gap are then of that program only. A program proven infeasible returns the start:
+    a restricted one may exclude every plan within the budget, and the full one may too where the
+    start fits only through copies fused where it saves their producers, which the memory rows
+    count stored; full rows infeasible that admit the start (:func:`planner.problem.bound_peak`)
+    raise :class:`SolverError`, a bug in the model. ``steps`` (:class:`solvers.peak_rows.Steps`) carries the
     memory rows' steps from one call to the next.
     """
     base, build = build_graph_model(problem)
@@ -72,7 +76,11 @@ def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline
     stats["start_seconds"] = start.seconds
     if result.plan is not None and result.optimal and result.plan.peak_bytes <= budget_bytes:
         return Solution(result.plan.saved, Status.OPTIMAL, 0.0, stats)
-    if infeasible and result.plan is None:
+    if infeasible and result.plan is None and restrict is not None:
+        # the restriction (blocks tied, patterns chosen) may exclude every plan within the budget
+        stats["answer"] = "the starting plan: the restricted program admits no plan within the budget"
+        found = start
+    elif infeasible and result.plan is None:
         rows_peak = bound_peak(problem, start)
         if rows_peak <= budget_bytes:  # the rows admit the start: they cannot be infeasible
             raise SolverError(f"the memory rows were proven infeasible at {budget_bytes} bytes, which the starting "

@@ -397,8 +397,9 @@ def test_memory_rows_proven_infeasible_return_the_start_where_it_fits_only_throu
     """The memory rows count stored every copy the schedule does, also where a producer a plan
     saves lets inductor compute it inside its readers, which a plan's evaluation follows: at a
     budget met only so (budget 0's least peak), the rows admit no plan. The exact solvers then
-    return their starting plan and say why; rows proven infeasible where they admit the start
-    are still a bug, and raise."""
+    return their starting plan and say why, as where a restricted program (blocks tied,
+    patterns chosen) admits none; full rows proven infeasible where they admit the start are
+    still a bug, and raise."""
     import time as clock
 
     import planner
@@ -424,3 +425,6 @@ def test_memory_rows_proven_infeasible_return_the_start_where_it_fits_only_throu
     assert f"they count {counted} bytes" in solution.stats["answer"]
     with pytest.raises(SolverError, match="bug in the model"):
         within_peak(problem, counted, start, deadline, proven_infeasible)
+    # a restricted program (blocks tied, patterns chosen) may exclude every plan within the budget
+    restricted = within_peak(problem, counted, start, deadline, proven_infeasible, restrict=lambda build, base: None)
+    assert (restricted.saved == start.saved).all() and "restricted program" in restricted.stats["answer"]
