@@ -6,9 +6,9 @@ the backward steps in the order the emitter writes them. A plan's memory at each
 * forward step f: every storage computed so far that is still read in the forward, or saved,
   or a forward output the caller keeps, and the storages no plan changes (``fwd_base[f]``:
   copies the compiler makes of inputs);
-* backward step t: the backward's own values alive at t (``base[t]``: gradients, to the backward's
-  end, tangents, to its end where the autograd engine holds them, and temporaries), saved storages still to be read, and recomputed copies already made and still
-  to be read. A recomputed node is made just before its first reader (a backward step, or
+* backward step t: the backward's own values alive at t (``base[t]``: gradients, to the
+  backward's end, tangents, to its end where the autograd engine holds them, and temporaries),
+  saved storages still to be read, and recomputed copies already made and still to be read. A recomputed node is made just before its first reader (a backward step, or
   another copy), as :mod:`planner.emit` places it; the copies made for step t are counted as
   alive together at t (an upper bound on the transient peak while they are made), with the
   scratch memory of their library kernels (``copy_scratch``). A copy that

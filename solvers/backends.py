@@ -53,8 +53,8 @@ def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline
     a restricted one may exclude every plan within the budget, and the full one may too where the
     start fits only through copies fused where it saves their producers, which the memory rows
     count stored; full rows infeasible that admit the start (:func:`planner.problem.bound_peak`)
-    raise :class:`SolverError`, a bug in the model. ``steps`` (:class:`solvers.peak_rows.Steps`) carries the
-    memory rows' steps from one call to the next.
+    raise :class:`SolverError`, a bug in the model. ``steps`` (:class:`solvers.peak_rows.Steps`)
+    carries the memory rows' steps from one call to the next.
     """
     base, build = build_graph_model(problem)
     if restrict is not None:
