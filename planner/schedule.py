@@ -10,9 +10,9 @@ the backward steps in the order the emitter writes them. A plan's memory at each
   backward's end, tangents, to its end where the autograd engine holds them, and temporaries),
   saved storages still to be read, and recomputed copies already made and still to be read. A
   recomputed node is made just before its first reader (a backward step, or another copy), as
-  :mod:`planner.emit` places it; the copies made for step t are counted as alive together at t (an upper bound on the transient peak while they are made), with the
-  scratch memory of their library kernels (``copy_scratch``). A copy that
-  is fused (computed inside the kernels that read it, never stored) reads its inputs in each of
+  :mod:`planner.emit` places it; the copies made for step t are counted as alive together at t
+  (an upper bound on the transient peak while they are made), with the scratch memory of their
+  library kernels (``copy_scratch``). A copy that is fused (computed inside the kernels that read it, never stored) reads its inputs in each of
   those kernels, so its inputs stay alive until its last reader has run. The outputs of a
   recomputed multi-output op are made together, with the op. A backward kernel may write its
   output into a storage of the same size that it reads last (inductor's in-place reuse): a
