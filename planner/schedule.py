@@ -12,12 +12,12 @@ the backward steps in the order the emitter writes them. A plan's memory at each
   recomputed node is made just before its first reader (a backward step, or another copy), as
   :mod:`planner.emit` places it; the copies made for step t are counted as alive together at t
   (an upper bound on the transient peak while they are made), with the scratch memory of their
-  library kernels (``copy_scratch``). A copy that is fused (computed inside the kernels that read it, never stored) reads its inputs in each of
-  those kernels, so its inputs stay alive until its last reader has run. The outputs of a
-  recomputed multi-output op are made together, with the op. A backward kernel may write its
-  output into a storage of the same size that it reads last (inductor's in-place reuse): a
-  backward value other than a tangent, or a saved value or copy whose last reader it is; the
-  output then adds nothing at that step.
+  library kernels (``copy_scratch``). A copy that is fused (computed inside the kernels that
+  read it, never stored) reads its inputs in each of those kernels, so its inputs stay alive
+  until its last reader has run. The outputs of a recomputed multi-output op are made together,
+  with the op. A backward kernel may write its output into a storage of the same size that it
+  reads last (inductor's in-place reuse): a backward value other than a tangent, or a saved
+  value or copy whose last reader it is; the output then adds nothing at that step.
 
 A graph that runs ``repeats`` times before its backward (one compiled block run for each
 layer) keeps the saved values and RNG states of its other runs alive at every step of one run:
