@@ -1964,6 +1964,7 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
     delta = np.zeros(T + 1, dtype=np.int64)
     reuse_base = np.zeros(T, dtype=bool)
     grads = {storage_root(o) for o in joint.bwd_outputs if isinstance(o, fx.Node)}
+    tangents_held = tangents_held_through_backward()
     for node in [*joint.tangents, *steps]:
         if storage_root(node) is not node:
             continue
@@ -1973,7 +1974,7 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
             continue
         start = step_of.get(node, 0)
         # a gradient is returned; a tangent may be held by the autograd engine until the backward returns
-        held = node in grads or (node.op == "placeholder" and tangents_held_through_backward())
+        held = node in grads or (node.op == "placeholder" and tangents_held)
         end = T - 1 if held else max([start] + [kernel[r] for r in reading if r in kernel])
         delta[start] += size
         delta[end + 1] -= size

@@ -205,18 +205,18 @@ def bound_peak(problem: Problem, plan: Evaluation) -> int:
     counts stored is stored, also where a producer the plan saves lets inductor compute it
     inside its readers (:attr:`planner.schedule.Schedule.fused_if_saved`, which a plan's own
     peak follows). At or above ``plan.peak_bytes``."""
-    schedule = replace(problem.schedule, fused_if_saved=None)
-    rng = _rng_bytes(problem, plan.recomputed)
-    return profile(schedule, problem.inputs, problem.nbytes, plan.saved, plan.recomputed, rng, problem.consumers).peak
+    return _profile(problem, plan.saved, plan.recomputed, schedule=replace(problem.schedule, fused_if_saved=None)).peak
 
 
 def _rng_bytes(problem: Problem, recomputed: np.ndarray) -> int:
     return problem.rng_state_bytes * int((recomputed & problem.random).sum())
 
 
-def _profile(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, offloads: Offloads | None = None) -> Profile:
+def _profile(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, offloads: Offloads | None = None,
+             schedule: Schedule | None = None) -> Profile:
     rng = _rng_bytes(problem, recomputed)
-    return profile(problem.schedule, problem.inputs, problem.nbytes, saved, recomputed, rng, problem.consumers, offloads)
+    return profile(problem.schedule if schedule is None else schedule, problem.inputs, problem.nbytes, saved, recomputed,
+                   rng, problem.consumers, offloads)
 
 
 def evaluate_names(problem: Problem, saved: Iterable[str], offloaded: Iterable[str] = (),

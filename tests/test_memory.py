@@ -70,11 +70,10 @@ def _real_count(gm: fx.GraphModule, args: list, phase: str, held_ptrs: dict, kee
 
     before = {p for a in args for p in ptrs(a)} - set(held_ptrs)
     made, reads = dict(held_ptrs), {}
-    tangent = set(ptrs(args[-1])) if phase == "backward" and tangents_held_through_backward() else set()
-    for p, size in ptrs(args[-1]).items():  # the backward's tangent is made for the step
-        if phase == "backward":
-            made[p] = (-1, size)
-            before.discard(p)
+    tangent = ptrs(args[-1]) if phase == "backward" else {}
+    for p, size in tangent.items():  # the backward's tangent is made for the step
+        made[p] = (-1, size)
+        before.discard(p)
     for k, node in enumerate(order):
         for p, size in ptrs(env[node]).items():
             if p not in before and p not in made:
@@ -82,8 +81,9 @@ def _real_count(gm: fx.GraphModule, args: list, phase: str, held_ptrs: dict, kee
         for inp in node.all_input_nodes:
             for p in ptrs(env[inp]):
                 reads[p] = k
-    # and held, like the outputs kept, until the backward returns (the autograd engine holds it)
-    kept = ({p for o in outputs for p in ptrs(o)} if keep_outputs else set()) | set(kept_extra) | tangent
+    kept = ({p for o in outputs for p in ptrs(o)} if keep_outputs else set()) | set(kept_extra)
+    if tangents_held_through_backward():  # the tangent too, until the backward returns (the engine holds it)
+        kept |= set(tangent)
     counts = []
     for k, node in enumerate(order):
         alive = [size for p, (start, size) in made.items() if start <= k and (p in kept or reads.get(p, start) >= k)]
@@ -1066,7 +1066,6 @@ def test_the_schedule_writes_no_backward_output_into_a_tangent():
     assert memory_profile(problem, plan).backward.tolist() == simulated
     scaled = 8 * 4 * 4  # kept by the caller; its tangent and the logits' gradient are as large
     assert max(simulated) >= 3 * scaled
-
 
 
 class _TwoOutputs(torch.nn.Module):
