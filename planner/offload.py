@@ -32,7 +32,7 @@ from planner.emit import Transfer
 from planner.graph import JointGraph
 from planner.ops import storage_bytes
 from planner.problem import Problem, evaluate_names, memory_profile, offloads_of
-from planner.schedule import OffloadWindows, made_at
+from planner.schedule import OffloadWindows, last_forward_read, made_at
 from planner.units import format_bytes
 
 __all__ = ["Placement", "place_transfers", "offload_windows", "windows_decision", "explain_windows", "LINK_SEGMENTS",
@@ -148,6 +148,7 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
     steps = [by_name.get(name) for name in s.step_names]  # None: a step of the rest of the training step
     step_start = np.concatenate(([0.0], np.cumsum([runtime(node) if node is not None else 0.0 for node in steps])))
     first = _first_possible_read(problem)
+    forward_read = last_forward_read(s)
     guided = [{} if guide is None else made_at(s, problem.consumers, np.asarray(guide, dtype=bool) & s.owns)
               for guide in guides]
     empty = OffloadWindows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
@@ -166,7 +167,7 @@ def offload_windows(joint: JointGraph, problem: Problem, runtime: Callable[[fx.N
             continue
         k = _span(f_bounds, forward_end[i])
         deadline = f_bounds[min(k + 2, segments)]
-        wait = max(int(np.searchsorted(forward_end, deadline - 1e-15 * max(f_total, 1.0))), int(s.fwd_last[i]), i)
+        wait = max(int(np.searchsorted(forward_end, deadline - 1e-15 * max(f_total, 1.0))), int(forward_read[i]), i)
         wait = min(wait, n - 1)
         direct = int(s.first_read[i]) if s.first_read[i] < s.num_steps else int(first[i])
         reloads = {}  # reload step -> span of the first read

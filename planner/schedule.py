@@ -5,7 +5,9 @@ the backward steps in the order the emitter writes them. A plan's memory at each
 
 * forward step f: every storage computed so far that is still read in the forward, or saved,
   or a forward output the caller keeps, and the storages no plan changes (``fwd_base[f]``:
-  copies the compiler makes of inputs);
+  copies the compiler makes of inputs). A forward value no forward output needs (on demand) is
+  computed only where the plan saves it or a value it computes reads it, as the emitted forward
+  holds only what its outputs and saved values need;
 * backward step t: the backward's own values alive at t (``base[t]``: gradients, to the
   backward's end, tangents, to its end where the autograd engine holds them, and temporaries),
   saved storages still to be read, and recomputed copies already made and still to be read. A
@@ -34,7 +36,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 __all__ = ["Schedule", "Profile", "Offloads", "OffloadWindows", "made_at", "profile", "consumers", "with_rest_of_step",
-           "with_backward_beside"]
+           "with_backward_beside", "computed_in_forward", "forward_reads_until", "last_forward_read"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,6 +84,15 @@ class Schedule:
         (:func:`planner.memory.inlined_once_saved`); -1 pads the row (``None``: none anywhere).
         Only a plan's evaluation (:func:`profile`) reads it: the solvers' memory rows count the
         copy stored, an upper bound.
+    on_demand : node i is a forward value no forward output needs (a piece of the backward that
+        reads no tangent, such as a derivative's ``erf`` merged with the forward's): the emitted
+        forward computes it only where the plan saves it or an on-demand value it computes reads
+        it (:func:`computed_in_forward`). ``fwd_last`` counts the readers computed whatever the
+        plan (``None``: none on demand).
+    demand_reads : rows ``(i, k, f)``: on-demand node k reads node i's storage, in the kernel of
+        forward step f; where the forward computes k, i is read until f at least (``None``: none).
+    demand_needs : rows ``(i, k)``: on-demand node k reads node i directly, so computing k
+        computes i (``None``: none).
     """
 
     owner: np.ndarray
@@ -102,6 +113,9 @@ class Schedule:
     copy_scratch: np.ndarray | None = None
     no_reuse: np.ndarray | None = None
     fused_if_saved: np.ndarray | None = None
+    on_demand: np.ndarray | None = None
+    demand_reads: np.ndarray | None = None
+    demand_needs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.copy_scratch is None:
@@ -110,6 +124,12 @@ class Schedule:
             object.__setattr__(self, "no_reuse", np.zeros(len(self.owner), dtype=bool))
         if self.fused_if_saved is None:
             object.__setattr__(self, "fused_if_saved", np.full((len(self.owner), 1), -1, dtype=np.int64))
+        if self.on_demand is None:
+            object.__setattr__(self, "on_demand", np.zeros(len(self.owner), dtype=bool))
+        if self.demand_reads is None:
+            object.__setattr__(self, "demand_reads", np.zeros((0, 3), dtype=np.int64))
+        if self.demand_needs is None:
+            object.__setattr__(self, "demand_needs", np.zeros((0, 2), dtype=np.int64))
 
     @property
     def num_steps(self) -> int:
@@ -147,12 +167,19 @@ class Schedule:
     def check(self, n: int) -> None:
         """Raise ValueError if the arrays do not fit a problem of ``n`` nodes."""
         for name in ("owner", "transient", "copy_bytes", "fused", "made_with", "fwd_last", "first_read", "last_read",
-                     "held", "fwd_base", "copy_scratch", "no_reuse", "fused_if_saved"):
+                     "held", "fwd_base", "copy_scratch", "no_reuse", "fused_if_saved", "on_demand"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Schedule.{name} has {len(getattr(self, name))} rows, expected {n}")
         for name in ("reuse", "reuse_base"):
             if len(getattr(self, name)) != self.num_steps:
                 raise ValueError(f"Schedule.{name} must have one entry per backward step")
+        for name, width in (("demand_reads", 3), ("demand_needs", 2)):
+            pairs = getattr(self, name)
+            if pairs.ndim != 2 or pairs.shape[1] != width or (len(pairs) and not (
+                    (pairs[:, :2] >= 0).all() and (pairs[:, :2] < n).all() and (pairs[:, 0] < pairs[:, 1]).all()
+                    and self.on_demand[pairs[:, 1]].all())):
+                raise ValueError(f"Schedule.{name} must have rows of {width} (a node, an on-demand node after it"
+                                 f"{', a forward step' if width == 3 else ''})")
         if len(self.step_names) != self.num_steps:
             raise ValueError("Schedule.step_names must name every backward step")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
@@ -210,13 +237,14 @@ def profile(
     fwd = np.zeros(n + 1, dtype=np.int64)
     kept = np.flatnonzero(own & saved)
     np.add.at(fwd, kept, nbytes[kept])
+    read_until = forward_reads_until(s, computed_in_forward(s, saved))
     away = np.flatnonzero(own & saved & offloads.mask) if offloads is not None else np.zeros(0, dtype=np.int64)
     if len(away):
-        freed = np.maximum(s.fwd_last[away], offloads.freed_after[away])
+        freed = np.maximum(read_until[away], offloads.freed_after[away])
         np.add.at(fwd, freed + 1, -nbytes[away])
-    passing = np.flatnonzero(own & ~saved & (s.transient > 0))
+    passing = np.flatnonzero(own & ~saved & (s.transient > 0) & (read_until >= 0))
     np.add.at(fwd, passing, s.transient[passing])
-    np.add.at(fwd, s.fwd_last[passing] + 1, -s.transient[passing])
+    np.add.at(fwd, read_until[passing] + 1, -s.transient[passing])
     # backward: each saved value and recomputed copy is alive from its start to its end step
     alive = np.flatnonzero(own & (saved | recomputed) & ~s.held.astype(bool))
     until_at = np.full(n + 1, -1, dtype=np.int64)  # slot n: a reader that is not a recomputed copy
@@ -319,6 +347,36 @@ class OffloadWindows:
         result.freed_after[self.nodes[where]] = self.freed_after[where]
         result.back_from[self.nodes[where]] = self.back_from[where]
         return result
+
+
+def computed_in_forward(schedule: Schedule, saved: np.ndarray) -> np.ndarray:
+    """Per node, whether the emitted forward computes it under a plan saving ``saved`` (the
+    pruned mask of :func:`planner.problem.evaluate`): every node not on demand, every saved
+    node, and every node an on-demand node it computes reads."""
+    computed = ~schedule.on_demand | saved
+    needs = schedule.demand_needs
+    for i, k in needs[np.argsort(-needs[:, 1], kind="stable")].tolist():  # a reader before what it reads
+        if computed[k]:
+            computed[i] = True
+    return computed
+
+
+def forward_reads_until(schedule: Schedule, computed: np.ndarray) -> np.ndarray:
+    """Per node, the last forward step at which its storage is read when the forward computes
+    ``computed`` (:func:`computed_in_forward`): ``fwd_last``, or where an on-demand reader it
+    computes reads it later, that reader's step; an on-demand node not computed gets -1."""
+    n = len(schedule.owner)
+    end = np.where(schedule.on_demand, np.where(computed, np.arange(n), -1), schedule.fwd_last)
+    reads = schedule.demand_reads
+    active = reads[computed[reads[:, 1]]]
+    np.maximum.at(end, active[:, 0], active[:, 2])
+    return end
+
+
+def last_forward_read(schedule: Schedule) -> np.ndarray:
+    """Per node, the last forward step that may read its storage under any plan (every
+    on-demand reader computed)."""
+    return forward_reads_until(schedule, np.ones(len(schedule.owner), dtype=bool))
 
 
 def with_saved_fusions(schedule: Schedule, saved: np.ndarray) -> Schedule:

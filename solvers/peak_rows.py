@@ -14,7 +14,11 @@ same sense; a library kernel's scratch counts at the step its copy is made
 (``made[e,t] - made[e,t-1]``). A fused copy reads its inputs at every kernel up to its last reader's, so its
 readers' copies count too; a multi-output op's outputs are made with it; a step whose kernel
 may write its output into a value it reads last subtracts that output's bytes, through a
-variable at most 1 when such a value ends there. Forward rows need only the saved variables.
+variable at most 1 when such a value ends there. Forward rows need the saved variables, and for
+values on demand (computed in the forward only where the plan saves them or a value computed
+there reads them), ``computed[i] >= saved[i]``, ``computed[i] >= computed[k]`` for each
+on-demand reader k, and an unsaved value alive at f through on-demand readers only:
+``alive[i,f] >= computed[k] - saved[i]`` for each reader k reading it at f or later.
 With offloading (:mod:`solvers.offload`), a saved value chosen to be offloaded is off the device
 after its forward wait and before its copy back: there its term is ``saved - offloaded``, or,
 where only recomputed copies keep it alive, a variable at least ``alive - offloaded``.
@@ -59,6 +63,17 @@ class PeakRows:
         self.own = s.owns
         self.cons = problem.consumers
         self.rvar, self.svar = base.recomputed_var, base.saved_var
+        # values on demand that some plan computes in the forward (it saves them, or a value it
+        # computes reads them), and what each needs and is read by there
+        self.needs: dict[int, list[int]] = {}
+        for i, k in s.demand_needs.tolist():
+            self.needs.setdefault(i, []).append(k)
+        self.demand_reads: dict[int, list[tuple[int, int]]] = {}
+        for i, k, f in s.demand_reads.tolist():
+            self.demand_reads.setdefault(i, []).append((k, f))
+        self.computable = s.on_demand & (self.svar >= 0)
+        for i, k in s.demand_needs[np.argsort(-s.demand_needs[:, 1], kind="stable")].tolist():
+            self.computable[i] |= bool(s.on_demand[i] and self.computable[k])
         never = s.num_steps + 1
         earliest = np.full(n, never, dtype=np.int64)
         for e in range(n - 1, -1, -1):
@@ -98,25 +113,70 @@ class PeakRows:
     def add(self, build: RowBuilder, forward_steps, backward_steps, limit: "Limit") -> None:
         """Rows ``memory(step) <= limit`` at the given forward and backward steps."""
         made_cache: dict[int, dict[int, int]] = {}
+        computed_cache: dict = {}
         for f in sorted(forward_steps):
-            limit.row(build, *self._forward(f))
+            limit.row(build, *self._forward(build, f, computed_cache))
         for t in sorted(backward_steps):
             made_now = self._made(build, t, made_cache)
             made_before = self._made(build, t - 1, made_cache)
             limit.row(build, *self._backward(build, t, made_now, made_before))
 
-    def _forward(self, f: int) -> tuple[float, list]:
+    def _forward(self, build: RowBuilder, f: int, cache: dict) -> tuple[float, list]:
         s, nbytes = self.schedule, self.problem.nbytes
         const, terms = float(s.fwd_base[f]), list(self.every_step)
         for e in np.flatnonzero(self.own[: f + 1]):
-            live = s.fwd_last[e] >= f
+            e = int(e)
+            live = not s.on_demand[e] and s.fwd_last[e] >= f
             if live:
                 const += float(s.transient[e])
+            elif s.transient[e]:
+                # alive at f only where the forward computes an on-demand value reading it then
+                readers = [k for k, until in self.demand_reads.get(e, ()) if until >= f and self.computable[k]]
+                if s.on_demand[e] and e == f and self.computable[e]:
+                    readers.append(e)
+                if readers:
+                    terms.append((self._alive(build, e, readers, cache), float(s.transient[e])))
             coef = float(nbytes[e]) - (float(s.transient[e]) if live else 0.0)
             if self.svar[e] >= 0 and coef:
                 terms.append((int(self.svar[e]), coef))
         terms += [(col, -size) for freed, col, size in self.away_after if freed < f]
         return const, terms
+
+    def _alive(self, build: RowBuilder, e: int, readers: list[int], cache: dict) -> int:
+        """Column at least ``computed[k] - saved[e]`` for every k of ``readers``."""
+        key = (e, tuple(sorted(readers)))
+        if key not in cache:
+            (col,) = build.add_vars(1, integral=False)
+            for k in readers:
+                cols, vals = [col, self._computed(build, k, cache)], [1.0, -1.0]
+                if self.svar[e] >= 0:
+                    cols, vals = [*cols, int(self.svar[e])], [*vals, 1.0]
+                build.add_row(cols, vals, 0.0, np.inf)
+            cache[key] = int(col)
+        return cache[key]
+
+    def _computed(self, build: RowBuilder, i: int, cache: dict) -> int:
+        """Column of ``computed[i]`` for a computable on-demand node: at least its saved variable
+        and the columns of the computable on-demand nodes reading it (rows made once per build)."""
+        pending = [i]
+        while pending:  # depth first, a node's column after its readers' columns
+            k = pending[-1]
+            if k in cache:
+                pending.pop()
+                continue
+            later = [w for w in self.needs.get(k, ()) if self.computable[w] and w not in cache]
+            if later:
+                pending.extend(later)
+                continue
+            pending.pop()
+            (col,) = build.add_vars(1, integral=False)
+            if self.svar[k] >= 0:
+                build.add_row([col, int(self.svar[k])], [1.0, -1.0], 0.0, np.inf)
+            for w in self.needs.get(k, ()):
+                if self.computable[w]:
+                    build.add_row([col, cache[w]], [1.0, -1.0], 0.0, np.inf)
+            cache[k] = int(col)
+        return cache[i]
 
     def made(self, build: RowBuilder, tau: int, cache: dict) -> dict[int, int]:
         """Column of ``made[e, tau]`` per node whose copy can exist by step tau (exact rows on

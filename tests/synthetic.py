@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import strategies as st
@@ -10,11 +11,11 @@ from planner.problem import InfeasibleDecision, Problem, evaluate
 from planner.schedule import Schedule
 
 
-def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False) -> Problem:
+def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False, on_demand: bool = False) -> Problem:
     """A random DAG in topological order: some views, random ops, side effects and needed nodes.
 
-    With ``timed``, a random schedule (backward reads, transients, backward memory) makes peak
-    memory differ from saved bytes; without, the peak is the saved bytes. With ``priced``, saving
+    With ``timed``, a random schedule (backward reads, transients, backward memory, values the
+    forward computes on demand, with ``on_demand``) makes peak memory differ from saved bytes; without, the peak is the saved bytes. With ``priced``, saving
     costs seconds too, on the scale of the runtimes, so recomputing can beat saving.
     """
     rng = np.random.default_rng(seed)
@@ -29,7 +30,7 @@ def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False)
     needed[-1] = True
     saveable = ~view | ~recomputable  # a node that cannot be recomputed owns its storage
     nbytes = np.where(saveable, rng.integers(1, 100, n), 0).astype(np.int64)
-    return Problem(
+    problem = Problem(
         names=tuple(f"n{i}" for i in range(n)),
         nbytes=nbytes,
         runtime=np.where(view, 0.0, rng.integers(1, 50, n) / 10.0),
@@ -43,6 +44,9 @@ def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False)
         schedule=_random_schedule(rng, nbytes, needed, ptr, idx, saveable) if timed else None,
         save_seconds=np.where(saveable & (rng.random(n) < 0.7), rng.integers(0, 30, n) / 10.0, 0.0) if priced else None,
     )
+    if timed and on_demand:
+        return replace(problem, schedule=_on_demand(problem.schedule, seed, ptr, idx))
+    return problem
 
 
 def _random_schedule(rng: np.random.Generator, nbytes: np.ndarray, needed: np.ndarray, ptr: list, idx: list,
@@ -79,8 +83,24 @@ def _random_schedule(rng: np.random.Generator, nbytes: np.ndarray, needed: np.nd
     )
 
 
+def _on_demand(schedule: Schedule, seed: int, ptr: list, idx: list) -> Schedule:
+    """``schedule`` with values on demand: the forward computes one only where it is saved or an
+    on-demand value computed there reads it; their readers read them until a step at or after
+    their own. Drawn apart (their own generator), so the rest of a seed's problem is unchanged."""
+    rng = np.random.default_rng([seed, 1])
+    n = len(schedule.owner)
+    on_demand = rng.random(n) < 0.3
+    needs = [(i, k) for k in np.flatnonzero(on_demand).tolist() for i in idx[ptr[k]:ptr[k + 1]]]
+    reads = [(i, k, int(rng.integers(k, n))) for i, k in needs if rng.random() < 0.8]
+    return replace(schedule, on_demand=on_demand, demand_reads=np.array(reads, dtype=np.int64).reshape(-1, 3),
+                   demand_needs=np.array(needs, dtype=np.int64).reshape(-1, 2))
+
+
 problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 14))
-timed_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True))
+timed_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True),
+                           on_demand=st.booleans())
+on_demand_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True),
+                               on_demand=st.just(True))
 priced_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.booleans(), st.just(True))
 
 

@@ -15,7 +15,7 @@ from solvers.frugal import min_peak_plan
 from solvers.graph_model import build_graph_model
 from solvers.backends import solve_highs, within_peak
 from solvers.peak_rows import Limit, PeakRows, Steps, memory_unit
-from tests.synthetic import all_plans, timed_problems
+from tests.synthetic import all_plans, on_demand_problems, timed_problems
 
 
 def _least_memory_the_rows_allow(model, plan, peak_col: int, span: float) -> float:
@@ -40,7 +40,16 @@ def _repeated(problem, repeats: int):
 @settings(max_examples=25, deadline=None)
 @given(timed_problems, st.integers(1, 3))
 def test_memory_rows_equal_the_profile_at_every_step_for_every_plan(problem, repeats):
-    problem = _repeated(problem, repeats)
+    _rows_equal_the_profile(_repeated(problem, repeats))
+
+
+@settings(max_examples=25, deadline=None)
+@given(on_demand_problems)
+def test_memory_rows_count_values_on_demand_only_where_the_plan_computes_them_in_the_forward(problem):
+    _rows_equal_the_profile(problem)
+
+
+def _rows_equal_the_profile(problem):
     base, build = build_graph_model(problem)
     rows, unit = PeakRows(problem, base), memory_unit(problem)
     plans = list(itertools.islice(all_plans(problem), 12))
