@@ -61,7 +61,8 @@ class Budget:
         in a fraction of a second, the same on every run) to the fast end's peak
         (:func:`~planner.bounds.fast_end_plan`), or to ``pytorch_peak`` where that is lower (the
         peak of PyTorch's own split of the graph, ``PlannerConfig.fast_end``), but not below
-        ``least_peak``."""
+        ``least_peak``. Where the fast end's own peak is below ``least_peak``, every fraction
+        resolves to it."""
         if self.nbytes is not None:
             return self.nbytes
         hi = fast_end_plan(problem).peak_bytes
@@ -70,6 +71,7 @@ class Budget:
         if least_peak is None:
             from solvers.reference import reference_plan  # solvers build on planner, not the reverse
             least_peak = reference_plan(problem).peak_bytes
+        least_peak = min(least_peak, hi)  # the fast end's plan is known: the range starts no higher
         if pytorch_peak is not None:
             hi = max(min(hi, pytorch_peak), least_peak)
         return least_peak + int((hi - least_peak) * self.fraction)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from planner.bounds import SECONDS_UNIT, runtime_optimal_plan
+from planner.bounds import SECONDS_UNIT, fast_end_plan, runtime_optimal_plan
 from planner.decision import Decision, Status
 from planner.errors import ConfigError, InfeasibleBudget, SolverError
 from planner.problem import Evaluation, Problem, evaluate
@@ -69,7 +69,8 @@ class Solver(ABC):
         """Return a feasible decision whose peak memory is at most ``budget_bytes``.
 
         ``frugal`` is the lowest-peak plan known, the search's floor: by default the frugal
-        reference (:func:`solvers.reference.reference_plan`, fast and deterministic); the
+        reference (:func:`solvers.reference.reference_plan`, fast and deterministic), or the fast
+        end (:func:`planner.bounds.fast_end_plan`) where that holds less; the
         exact least-peak plan (:func:`solvers.frugal.min_peak_plan`) where the caller ran that
         search, with ``frugal_proven`` when it proved no plan lies below. ``starts`` names other
         plans the caller knows (PyTorch's own split): the exact solvers start from the fastest
@@ -92,6 +93,12 @@ class Solver(ABC):
             solution = Solution(fast.saved, *_fast_status(problem, fast))
         else:
             frugal = reference_plan(problem) if frugal is None else frugal
+            end = fast_end_plan(problem)
+            if end.peak_bytes < frugal.peak_bytes:
+                # the fast end (budget 1.0) is a plan too: with save costs it holds fewer bytes
+                # than the fastest, and on a small graph its peak may lie below the reference's
+                # (on an H200, a graph of GPT-2 by less than 0.01 MiB: budget 1.0 raised)
+                frugal, frugal_proven = end, False
             if budget_bytes < frugal.peak_bytes:
                 raise InfeasibleBudget(budget_bytes, frugal.peak_bytes, proven=frugal_proven)
             solution = self._solve(problem, int(budget_bytes), frugal, fast, search_deadline, starts=starts)

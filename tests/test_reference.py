@@ -1,11 +1,14 @@
 """The frugal reference: budget fractions resolve against it, fast, with no exact search, and
 the same on every run; the exact least-peak search runs only where it changes the answer."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 import planner
+from planner.bounds import fast_end_plan, runtime_optimal_plan
 from planner.errors import InfeasibleBudget
-from solvers import frugal, get_solver, reference
+from solvers import base, frugal, get_solver, reference
 from solvers.blocks import boundary_saves, find_blocks
 from tests.models import MODELS
 from tests.synthetic import brute_force_min_peak, random_problem, tiled_problem
@@ -117,3 +120,23 @@ def test_the_least_peak_search_leaves_a_plateau_by_saving_within_its_peak(fresh)
     found = frugal.min_peak_plan(problem, time_limit=5)
     assert found.stats["local_search"]["plateau_rounds"][-1] >= 1  # the reference's end, searched last
     assert found.plan.peak_bytes <= lowered.peak_bytes
+
+
+def test_a_fast_end_below_the_reference_is_the_floor_budgets_resolve_and_solve_to(monkeypatch):
+    # With save costs the fast end holds fewer bytes than the fastest plan, and on a small graph
+    # its peak may lie below the reference's: budget 1.0 then asked for less than the reference
+    # and raised (a graph of GPT-2 on an H200). The fast end is a plan; nothing above it is a floor.
+    problem = random_problem(12, 12, timed=True, priced=True)
+    end = fast_end_plan(problem)
+    assert end.peak_bytes < runtime_optimal_plan(problem).peak_bytes  # the solve looks for a floor
+    above = dataclasses.replace(end, peak_bytes=end.peak_bytes + 10)  # a reference 10 bytes over it
+    monkeypatch.setattr(reference, "reference_plan", lambda problem: above)
+    monkeypatch.setattr(base, "reference_plan", lambda problem: above)
+    for fraction in (1.0, 0.5, 0.0):
+        assert planner.Budget(fraction=fraction).resolve(problem) == end.peak_bytes
+    for solver in ("greedy", "cpsat"):
+        decision = get_solver(solver, time_limit=5).solve(problem, end.peak_bytes)
+        assert decision.peak_bytes <= end.peak_bytes
+        with pytest.raises(InfeasibleBudget) as err:
+            get_solver(solver, time_limit=5).solve(problem, end.peak_bytes - 1)
+        assert err.value.min_feasible_bytes == end.peak_bytes
