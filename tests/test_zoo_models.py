@@ -8,6 +8,11 @@ from tests.training import assert_same_step
 
 from bench.zoo_models import MODELS, build
 
+# The solvers' time limit, seconds: the plans only need to train like eager (whatever the solver
+# proved by then), and at budget 0 each graph's least-peak search and solve use it all where
+# they prove nothing (at 5 s, CP-SAT took 5.2 s of a 13 s test on tiny Llama, 2-core CPU).
+TIME_LIMIT = 1
+
 
 def _unimportable(library: str) -> str | None:
     """Why ``library`` cannot be used here, or None. Any error counts, not only ImportError:
@@ -29,7 +34,7 @@ def test_zoo_model_trains_like_eager(name, budget):
     graphs = []
 
     def run(model, inputs):
-        compiled = planner.compile(model, memory_budget=budget, codegen="eager", time_limit=5)
+        compiled = planner.compile(model, memory_budget=budget, codegen="eager", time_limit=TIME_LIMIT)
         graphs.append(compiled.planner_backend)
         return compiled
 
@@ -40,4 +45,4 @@ def test_zoo_model_trains_like_eager(name, budget):
         from solvers.frugal import min_peak_plan
 
         for g in backend.graphs:
-            assert g.decision.peak_bytes <= g.decision.budget_bytes == min_peak_plan(g.problem, 5).plan.peak_bytes
+            assert g.decision.peak_bytes <= g.decision.budget_bytes == min_peak_plan(g.problem, TIME_LIMIT).plan.peak_bytes
