@@ -1942,8 +1942,8 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
 
 def computed_whatever_saved(joint: JointGraph) -> set[fx.Node]:
     """Forward nodes the emitted forward computes under every plan: those its outputs need (and a
-    random op, which the forward runs to keep its RNG state where the plan recomputes it), with
-    what they read. The others are pieces of the backward that read no tangent (after the merge
+    random op, which the forward runs to keep its RNG state where the plan recomputes it, and an
+    op with side effects, such as a buffer's in-place update), with what they read. The others are pieces of the backward that read no tangent (after the merge
     of common subexpressions, a GELU's derivative reads the forward's ``erf``): the forward
     computes one only where the plan saves it or a value it computes reads it, as the split
     keeps only what its outputs and saved values need. On Wav2Vec2's feature encoder (bf16, seq
@@ -1951,7 +1951,8 @@ def computed_whatever_saved(joint: JointGraph) -> set[fx.Node]:
     convolution's float32 output, and budget 0 saved it rather than recompute it: 500 MiB
     planned where the plan without it simulates 408."""
     forward = set(joint.forward_nodes)
-    roots = [o for o in joint.fwd_outputs if isinstance(o, fx.Node)] + [n for n in forward if is_random(n)]
+    roots = [o for o in joint.fwd_outputs if isinstance(o, fx.Node)]
+    roots += [n for n in forward if is_random(n) or n.is_impure()]
     found: set[fx.Node] = set()
     while roots:
         node = roots.pop()
