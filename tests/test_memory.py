@@ -1043,6 +1043,19 @@ def test_a_value_no_forward_output_needs_is_counted_in_the_forward_only_where_th
             assert profile.forward.max() == timeline.forward_peak
 
 
+def test_a_buffers_update_and_what_it_reads_are_never_on_demand():
+    # BatchNorm's running statistics are written by copy_ nodes no forward output reads: the
+    # forward runs them whatever the plan saves
+    model, inputs = MODELS["cnn"]()
+    joint = planner.capture(model, inputs, codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    index = {name: i for i, name in enumerate(problem.names)}
+    updates = [n for n in joint.forward_nodes if n.is_impure() and n.name in index]
+    assert updates
+    read = {a.name for n in updates for a in n.all_input_nodes if a.name in index}
+    assert read and not problem.schedule.on_demand[[index[name] for name in read | {n.name for n in updates}]].any()
+
+
 def _scale_tangent(x, w, tangent):
     return (torch.mm(x.t(), torch.mul(tangent, 2.0)),)
 
