@@ -1943,10 +1943,11 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
 def computed_whatever_saved(joint: JointGraph) -> set[fx.Node]:
     """Forward nodes the emitted forward computes under every plan: those its outputs need (and a
     random op, which the forward runs to keep its RNG state where the plan recomputes it, and an
-    op with side effects, such as a buffer's in-place update), with what they read. The others are pieces of the backward that read no tangent (after the merge
-    of common subexpressions, a GELU's derivative reads the forward's ``erf``): the forward
-    computes one only where the plan saves it or a value it computes reads it, as the split
-    keeps only what its outputs and saved values need. On Wav2Vec2's feature encoder (bf16, seq
+    op with side effects, such as a buffer's in-place update), with what they read. The others
+    are pieces of the backward that read no tangent (after the merge of common subexpressions, a
+    GELU's derivative reads the forward's ``erf``): the forward computes one only where the plan
+    saves it or a value it computes reads it, as the split keeps only what its outputs and saved
+    values need. On Wav2Vec2's feature encoder (bf16, seq
     64000, batch 8), one such sum, 200 MiB in float32, was counted alive in the forward beside the
     convolution's float32 output, and budget 0 saved it rather than recompute it: 500 MiB
     planned where the plan without it simulates 408."""

@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from planner.problem import Evaluation, Problem, memory_profile
-from planner.schedule import Offloads
+from planner.schedule import Offloads, computed_in_forward
 from solvers.graph_model import GraphModel, RowBuilder
 
 __all__ = ["PeakRows", "Limit", "Round", "Steps", "solve_within_peak", "memory_unit"]
@@ -71,9 +71,7 @@ class PeakRows:
         self.demand_reads: dict[int, list[tuple[int, int]]] = {}
         for i, k, f in s.demand_reads.tolist():
             self.demand_reads.setdefault(i, []).append((k, f))
-        self.computable = s.on_demand & (self.svar >= 0)
-        for i, k in s.demand_needs[np.argsort(-s.demand_needs[:, 1], kind="stable")].tolist():
-            self.computable[i] |= bool(s.on_demand[i] and self.computable[k])
+        self.computable = s.on_demand & computed_in_forward(s, self.svar >= 0)
         never = s.num_steps + 1
         earliest = np.full(n, never, dtype=np.int64)
         for e in range(n - 1, -1, -1):
