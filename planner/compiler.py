@@ -1290,11 +1290,12 @@ class _CountedRuns:
         if nodes and not any(_torch_compat.is_fake(t) for t in tensors):
             token = _Run()
             self.waiting.add(token)
-            # whether the caller still holds each output when the backward begins, seen once
+            # whether the caller still holds each output when the backward begins, seen once: the
+            # tensor, not its storage, which the graph's own saved values may hold (an output saved
+            # for the backward is freed at its last backward reader once the caller drops it)
             watched = part is not None and part.released is None
             outputs = _outputs(out)
-            storages = [_torch_compat.storage_weakref(t) if isinstance(t, torch.Tensor) else None
-                        for t in outputs] if watched else []
+            storages = [weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in outputs] if watched else []
 
             def begin_backward(grad_outputs, token=token, storages=storages, count=len(outputs)):
                 self.backend._backward_begun = True
@@ -1302,7 +1303,7 @@ class _CountedRuns:
                     self.backend._ran(self.part, len(self.waiting))
                     self.waiting.discard(token)
                     if storages:
-                        freed = tuple(k for k, ref in enumerate(storages) if ref is not None and ref.expired())
+                        freed = tuple(k for k, ref in enumerate(storages) if ref is not None and ref() is None)
                         self.backend._released(self.part, freed, count)
                         storages.clear()
 

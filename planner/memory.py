@@ -9,7 +9,9 @@ Both follow the same rules, read from node metadata:
 * a storage is freed right after its last reader (inductor and fx code both drop references
   at last use); inputs and parameters are held before the step and never counted;
 * forward outputs the caller keeps, and the gradients the backward returns, live to the end
-  (outputs seen freed by the time the backward began, ``released``, only to the forward's end);
+  (outputs seen freed by the time the backward began, ``released``, only to the forward's end,
+  or, saved for the backward, to their last reader there: the caller's tensor is watched, not
+  its storage, which a saved value holds);
   so do the backward's tangents, whatever reads them, on a torch whose autograd engine holds the
   gradients it hands a compiled backward (and the zeros it makes for an output that got none)
   until that backward returns (:func:`planner._torch_compat.tangents_held_through_backward`:
@@ -31,7 +33,10 @@ Both follow the same rules, read from node metadata:
   size that it reads last (inductor's in-place reuse), but never into a tangent: the backward's
   tangents are graph inputs inductor does not own (saved values are donated to it, tangents
   are not; an output the step never uses gets a tangent of zeros the autograd engine makes);
-  the schedule counts this in the backward only, so in the forward its bound stays at or above
+  nor into a saved value whose storage a forward output the caller got shares, which
+  AOTAutograd does not donate (on an H200, OPT's logits, saved for the loss's backward and
+  dropped by the caller: its gradient took a buffer of its own, 128 MiB, beside them); the
+  schedule counts this in the backward only, so in the forward its bound stays at or above
   the simulation;
 * a library kernel (a matrix product, a convolution, attention: :func:`library_kernel`) on a
   CUDA device also holds the scratch memory measured for it (:mod:`planner.workspace`: a cuDNN
@@ -1537,6 +1542,9 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
     to_caller = _outputs(forward, raw=True)[:num_fwd_outputs]  # by place, as the caller gets them
     kept = [out for k, out in enumerate(to_caller) if k not in released and isinstance(out, fx.Node)]
     held = {key for out in kept for key in walk.keys.get(out, ())}
+    # a saved value sharing a storage with an output the caller got is not donated to the backward
+    # (AOTAutograd's donated buffers leave out aliases of user outputs), so no kernel writes into it
+    walk.undonated = {key for out in to_caller if isinstance(out, fx.Node) for key in walk.keys.get(out, ())}
     saved_keys = [walk.keys.get(out, ()) for out in fwd_out[num_fwd_outputs:]]
     inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
     carried = dict(zip(inputs, saved_keys))
@@ -1673,6 +1681,7 @@ class _Walk:
         self.peak = -1
         self.far: frozenset = frozenset()  # the phase's reductions stored, not fused (far_epilogues)
         self.tangents: set[object] = set()  # storages no kernel writes into (inputs it does not own)
+        self.undonated: set[object] = set()  # saved storages the caller's outputs share (not donated)
         self.kernels = 0  # kernels of the modules walked (_kernels)
         self.values: dict[tuple[str, str], int] = {}  # (phase, name) -> own storage's bytes, 0 if fused
         self.in_place: set[tuple[str, str]] = set()  # (phase, name) of values written in an input's storage
@@ -1757,7 +1766,7 @@ class _Walk:
         there is a candidate)."""
         size = self.size[key]
         candidates = [old for old in ending if size and old in self.live and old not in self.tangents
-                      and last.get(old, -1) == k and self.size[old] == size]
+                      and old not in self.undonated and last.get(old, -1) == k and self.size[old] == size]
         if candidates:
             blocked = {stored for root in not_written_in_place(node) for stored in keys.get(root, ())}
             candidates = [old for old in candidates if old not in blocked]
@@ -1908,7 +1917,8 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
                      dtype=np.int64)
     no_reuse = np.zeros(n, dtype=bool)  # the kernel reading it last cannot write into it (not_written_in_place)
     for o in np.flatnonzero(last_read >= 0):
-        no_reuse[o] = bool(reuse[last_read[o]]) and nodes[o] in not_written_in_place(steps[last_read[o]])
+        no_reuse[o] = bool(reuse[last_read[o]]) and (nodes[o] in not_written_in_place(steps[last_read[o]])
+                                                     or nodes[o] in out_roots)  # not donated: the caller's output
     base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse, far)
     base += np.array([workspace_bytes(step, fuse) for step in steps], dtype=np.int64)
     # a backward kernel's copies of its unstored inputs; of a forward value, counted whether or

@@ -87,7 +87,7 @@ class PeakRows:
                              "only a multi-output op's outputs are made with it")
         # values read last by a step whose output may be written into them (in-place reuse)
         self.reusable: dict[int, list[int]] = {}
-        for e in np.flatnonzero(self.own & ~s.held & (s.last_read >= 0)):
+        for e in np.flatnonzero(self.own & ~s.held & ~s.no_reuse & (s.last_read >= 0)):
             t = int(s.last_read[e])
             if s.reuse[t] and not s.reuse_base[t] and s.reuse[t] in (problem.nbytes[e], s.copy_bytes[e]):
                 self.reusable.setdefault(t, []).append(int(e))

@@ -11,11 +11,13 @@ from planner.problem import InfeasibleDecision, Problem, evaluate
 from planner.schedule import Schedule
 
 
-def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False, on_demand: bool = False) -> Problem:
+def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False, on_demand: bool = False,
+                   undonated: bool = False) -> Problem:
     """A random DAG in topological order: some views, random ops, side effects and needed nodes.
 
     With ``timed``, a random schedule (backward reads, transients, backward memory, values the
-    forward computes on demand, with ``on_demand``) makes peak memory differ from saved bytes; without, the peak is the saved bytes. With ``priced``, saving
+    forward computes on demand, with ``on_demand``; values their last reader may not write into,
+    with ``undonated``) makes peak memory differ from saved bytes; without, the peak is the saved bytes. With ``priced``, saving
     costs seconds too, on the scale of the runtimes, so recomputing can beat saving.
     """
     rng = np.random.default_rng(seed)
@@ -45,7 +47,10 @@ def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False,
         save_seconds=np.where(saveable & (rng.random(n) < 0.7), rng.integers(0, 30, n) / 10.0, 0.0) if priced else None,
     )
     if timed and on_demand:
-        return replace(problem, schedule=_on_demand(problem.schedule, seed, ptr, idx))
+        problem = replace(problem, schedule=_on_demand(problem.schedule, seed, ptr, idx))
+    if timed and undonated:  # drawn apart (their own generator), so the rest of a seed's problem is unchanged
+        no_reuse = np.random.default_rng([seed, 2]).random(n) < 0.5
+        problem = replace(problem, schedule=replace(problem.schedule, no_reuse=no_reuse))
     return problem
 
 
@@ -98,9 +103,11 @@ def _on_demand(schedule: Schedule, seed: int, ptr: list, idx: list) -> Schedule:
 
 problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 14))
 timed_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True),
-                           on_demand=st.booleans())
+                           on_demand=st.booleans(), undonated=st.booleans())
 on_demand_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True),
                                on_demand=st.just(True))
+undonated_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True),
+                               undonated=st.just(True))
 priced_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.booleans(), st.just(True))
 
 

@@ -274,6 +274,88 @@ def test_an_output_the_step_frees_before_the_backward_is_not_counted_through_it(
     assert backend.predicted_step_peak <= max(before.peak, before.held_after_forward + backend.step[1].peak)
 
 
+class SavedOutput(nn.Module):
+    """One graph returning its loss and a wide value its backward reads (saved for it, as a
+    language model's logits are), which the caller may drop before the backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(64, 4096)
+
+    def forward(self, x: torch.Tensor):
+        logits = self.head(x)
+        return (logits * logits).sum(), logits
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_an_output_saved_for_the_backward_that_the_caller_drops_is_freed_at_its_last_reader(keep):
+    # the saved value holds the output's storage, so whether the caller holds it is seen on the
+    # tensor: once dropped it lives only as long as the backward reads it, not to the backward's end
+    from planner.memory import simulate
+
+    torch.manual_seed(0)
+    compiled = planner.compile(SavedOutput(), memory_budget=1.0, **EAGER)
+    backend = compiled.planner_backend
+    loss, logits = compiled(torch.randn(32, 64))
+    part = next(iter(backend._parts.values()))
+    forward, backward, outputs, fuse = part.simulated
+    before = backend._step[next(iter(backend._step))]
+    if not keep:
+        del logits
+    loss.backward()
+    after = backend.timelines[part.index]
+    if keep:
+        assert part.released == () and after == before
+        return
+    assert part.released == (1,) and after == simulate(forward, backward, outputs, fuse, released=(1,))
+    assert backend.graphs[0].decision.saved  # the logits' storage stays alive into the backward
+    wide = 32 * 4096 * 4
+    drops = [b0 - b1 for (p, _, b0), (_, _, b1) in zip(before.steps, after.steps) if p == "backward"]
+    assert drops[0] == 0 and drops[-1] == wide  # alive while read, freed before the backward ends
+
+
+class LossOf(nn.Module):
+    """:class:`SavedOutput`'s loss alone, its wide value kept inside the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = SavedOutput()
+
+    def forward(self, x: torch.Tensor):
+        return self.inner(x)[0]
+
+
+@pytest.mark.parametrize("returned", [False, True])
+def test_a_saved_value_the_caller_also_got_is_not_written_in_place(returned):
+    # AOTAutograd donates saved values to the backward unless a user output shares their storage:
+    # inductor writes the gradient into the saved value only where it is not returned as well,
+    # and the simulation counts it so
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    compiled = planner.compile(SavedOutput() if returned else LossOf(), memory_budget=1.0, codegen="inductor",
+                               solver="greedy", time_limit=5)
+
+    def step():
+        out = compiled(torch.randn(32, 64))
+        loss = out[0] if returned else out
+        del out  # the caller drops the wide value before the backward
+        loss.backward()
+
+    _, codes = run_and_get_code(step)
+    backward = next(code for code in codes if "tangents_1" in code)
+    reused = [line for line in backward[backward.index("def call"):].splitlines() if "# reuse" in line]
+    backend = compiled.planner_backend
+    timeline = backend.timelines[0]
+    in_place = {name for phase, name in timeline.written_in_place if phase == "backward"}
+    assert backend.graphs[0].decision.saved  # the wide value is saved for the backward
+    if returned:
+        assert backend._parts[next(iter(backend._step))].released == (1,)  # counted freed at its last reader
+        assert not reused and not in_place
+    else:
+        assert len(reused) == 1 and len(in_place) == 1
+
+
 def test_a_graph_whose_output_the_step_frees_is_planned_again_without_holding_it():
     # seen freed on the first step, the output is not held through the first graph's backward
     # in its schedule either: the graph is planned again for that, and trains like eager

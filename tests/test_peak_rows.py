@@ -15,7 +15,7 @@ from solvers.frugal import min_peak_plan
 from solvers.graph_model import build_graph_model
 from solvers.backends import solve_highs, within_peak
 from solvers.peak_rows import Limit, PeakRows, Steps, memory_unit
-from tests.synthetic import all_plans, on_demand_problems, timed_problems
+from tests.synthetic import all_plans, on_demand_problems, timed_problems, undonated_problems
 
 
 def _least_memory_the_rows_allow(model, plan, peak_col: int, span: float) -> float:
@@ -41,6 +41,13 @@ def _repeated(problem, repeats: int):
 @given(timed_problems, st.integers(1, 3))
 def test_memory_rows_equal_the_profile_at_every_step_for_every_plan(problem, repeats):
     _rows_equal_the_profile(_repeated(problem, repeats))
+
+
+@settings(max_examples=25, deadline=None)
+@given(undonated_problems)
+def test_memory_rows_count_no_in_place_write_into_a_value_its_last_reader_may_not_write(problem):
+    # a saved value the caller's output shares is not donated to the backward (Schedule.no_reuse)
+    _rows_equal_the_profile(problem)
 
 
 @settings(max_examples=25, deadline=None)
