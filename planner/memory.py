@@ -1917,8 +1917,8 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
                      dtype=np.int64)
     no_reuse = np.zeros(n, dtype=bool)  # the kernel reading it last cannot write into it (not_written_in_place)
     for o in np.flatnonzero(last_read >= 0):
-        no_reuse[o] = bool(reuse[last_read[o]]) and (nodes[o] in not_written_in_place(steps[last_read[o]])
-                                                     or nodes[o] in out_roots)  # not donated: the caller's output
+        no_reuse[o] = bool(reuse[last_read[o]]) and nodes[o] in not_written_in_place(steps[last_read[o]])
+    undonated = np.array([node in out_roots for node in nodes], dtype=bool)  # saved, the caller's output's storage
     base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse, far)
     base += np.array([workspace_bytes(step, fuse) for step in steps], dtype=np.int64)
     # a backward kernel's copies of its unstored inputs; of a forward value, counted whether or
@@ -1945,7 +1945,8 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
                            if a in index})
     return Schedule(owner, transient, copy_bytes, fused, made_with, fwd_last, first_read, last_read, held, base,
                     reuse, reuse_base, tuple(s.name for s in steps), fwd_base=fwd_base,
-                    copy_scratch=scratch, no_reuse=no_reuse, fused_if_saved=fused_if_saved, on_demand=on_demand,
+                    copy_scratch=scratch, no_reuse=no_reuse, undonated=undonated, fused_if_saved=fused_if_saved,
+                    on_demand=on_demand,
                     demand_reads=np.array(demand_reads, dtype=np.int64).reshape(-1, 3),
                     demand_needs=np.array(demand_needs, dtype=np.int64).reshape(-1, 2))
 

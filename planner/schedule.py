@@ -78,6 +78,9 @@ class Schedule:
     no_reuse : the kernel of node i's ``last_read`` step may not write its output into node i's
         storage (of another dtype, or read at another index:
         :func:`planner.memory.not_written_in_place`; ``None``: none).
+    undonated : node i saved may not be written into by the backward (its storage is an output
+        the caller got, which AOTAutograd does not donate); its recomputed copy, the backward's
+        own, may (``None``: none).
     fused_if_saved : per node i, a row of nodes any one of which, saved, makes node i's
         recomputed copy fused (``copy_bytes`` 0, ``fused``), where the copy is counted stored
         because it is computed from their producers
@@ -112,6 +115,7 @@ class Schedule:
     repeats: int = 1
     copy_scratch: np.ndarray | None = None
     no_reuse: np.ndarray | None = None
+    undonated: np.ndarray | None = None
     fused_if_saved: np.ndarray | None = None
     on_demand: np.ndarray | None = None
     demand_reads: np.ndarray | None = None
@@ -122,6 +126,8 @@ class Schedule:
             object.__setattr__(self, "copy_scratch", np.zeros(len(self.owner), dtype=np.int64))
         if self.no_reuse is None:
             object.__setattr__(self, "no_reuse", np.zeros(len(self.owner), dtype=bool))
+        if self.undonated is None:
+            object.__setattr__(self, "undonated", np.zeros(len(self.owner), dtype=bool))
         if self.fused_if_saved is None:
             object.__setattr__(self, "fused_if_saved", np.full((len(self.owner), 1), -1, dtype=np.int64))
         if self.on_demand is None:
@@ -167,7 +173,8 @@ class Schedule:
     def check(self, n: int) -> None:
         """Raise ValueError if the arrays do not fit a problem of ``n`` nodes."""
         for name in ("owner", "transient", "copy_bytes", "fused", "made_with", "fwd_last", "first_read", "last_read",
-                     "held", "fwd_base", "copy_scratch", "no_reuse", "fused_if_saved", "on_demand"):
+                     "held", "fwd_base", "copy_scratch", "no_reuse", "undonated", "fused_if_saved",
+                     "on_demand"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Schedule.{name} has {len(getattr(self, name))} rows, expected {n}")
         for name in ("reuse", "reuse_base"):
@@ -277,7 +284,7 @@ def profile(
             bwd[step + 1] -= s.copy_scratch[e]
     reused = s.reuse_base.copy()
     last = ((end == s.last_read[alive]) & (size > 0) & (s.reuse[np.minimum(end, steps - 1)] == size) & (end < steps)
-            & ~s.no_reuse[alive])
+            & ~s.no_reuse[alive] & ~(s.undonated[alive] & is_saved))
     reused[end[last]] = True  # read last by the kernel of step `end`, which writes into it
     memory = np.cumsum(bwd)[:steps] + s.base + rng_bytes - np.where(reused, s.reuse, 0)
     others = (s.repeats - 1) * (int(nbytes[kept].sum()) - int(nbytes[away].sum()) + rng_bytes)  # the other runs' saved values

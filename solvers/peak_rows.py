@@ -251,7 +251,8 @@ class PeakRows:
         s, nbytes = self.schedule, self.problem.nbytes
         ends, reading = [], {}
         for e in self.reusable.get(t, []):
-            for present, size in ((self.svar[e], nbytes[e]), (made_now.get(e, -1), s.copy_bytes[e])):
+            saved = -1 if s.undonated[e] else self.svar[e]  # a saved value not donated is not written into
+            for present, size in ((saved, nbytes[e]), (made_now.get(e, -1), s.copy_bytes[e])):
                 if present < 0 or size != s.reuse[t]:
                     continue
                 (end,) = build.add_vars(1, integral=False)

@@ -16,8 +16,8 @@ def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False,
     """A random DAG in topological order: some views, random ops, side effects and needed nodes.
 
     With ``timed``, a random schedule (backward reads, transients, backward memory, values the
-    forward computes on demand, with ``on_demand``; values their last reader may not write into,
-    with ``undonated``) makes peak memory differ from saved bytes; without, the peak is the saved bytes. With ``priced``, saving
+    forward computes on demand, with ``on_demand``; values their last reader may not write into
+    (or not into the saved value), with ``undonated``) makes peak memory differ from saved bytes; without, the peak is the saved bytes. With ``priced``, saving
     costs seconds too, on the scale of the runtimes, so recomputing can beat saving.
     """
     rng = np.random.default_rng(seed)
@@ -49,8 +49,8 @@ def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False,
     if timed and on_demand:
         problem = replace(problem, schedule=_on_demand(problem.schedule, seed, ptr, idx))
     if timed and undonated:  # drawn apart (their own generator), so the rest of a seed's problem is unchanged
-        no_reuse = np.random.default_rng([seed, 2]).random(n) < 0.5
-        problem = replace(problem, schedule=replace(problem.schedule, no_reuse=no_reuse))
+        draw = np.random.default_rng([seed, 2]).random((2, n)) < 0.4
+        problem = replace(problem, schedule=replace(problem.schedule, no_reuse=draw[0], undonated=draw[1]))
     return problem
 
 

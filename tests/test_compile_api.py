@@ -349,6 +349,9 @@ def test_a_saved_value_the_caller_also_got_is_not_written_in_place(returned):
     timeline = backend.timelines[0]
     in_place = {name for phase, name in timeline.written_in_place if phase == "backward"}
     assert backend.graphs[0].decision.saved  # the wide value is saved for the backward
+    problem = backend.graphs[0].problem
+    saved = [problem.index([name])[0] for name in backend.graphs[0].decision.saved]
+    assert problem.schedule.undonated[saved].any() == returned  # the schedule says so too
     if returned:
         assert backend._parts[next(iter(backend._step))].released == (1,)  # counted freed at its last reader
         assert not reused and not in_place
