@@ -29,7 +29,7 @@ from planner.emit import Transfer, emit
 from planner.errors import InfeasibleBudget, PlanFileError
 from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph, copy_module
-from planner.memory import Timeline, simulate, stores_against_inductor
+from planner.memory import Timeline, saved_outputs, simulate, stores_against_inductor
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
 from planner.units import format_bytes
 from solvers import get_solver
@@ -1085,13 +1085,21 @@ class PlannerBackend:
         self._parts[key].waiting = compiled.waiting
         return compiled
 
-    def _released(self, key: Any, released: tuple[int, ...], outputs: int) -> None:
+    def _released(self, key: Any, released: tuple[int, ...], outputs: int, dropped: tuple[int, ...] = ()) -> None:
         """The first run of ``key``'s graph began its backward with the outputs at the places
-        ``released`` freed (of its ``outputs``): its memory is counted again without them."""
+        ``released`` freed (of its ``outputs``), and those at ``dropped`` no longer held by the
+        caller: its memory is counted again without them. A dropped output counts as freed
+        where its storage is a value the graph saves for its backward, which is what still holds
+        it (AOTAutograd saves such an output for the backward as its own tensor); elsewhere
+        whatever holds the storage (a view the caller kept, a later graph's saved value) is not
+        known to let it go, and it stays counted."""
         part = self._parts.get(key)
         if part is None or part.released is not None:
             return
         simulated, part.simulated = part.simulated, None
+        if simulated is not None and dropped:
+            own = saved_outputs(simulated[0], simulated[2])
+            released = tuple(sorted(set(released) | {k for k in dropped if k in own}))
         # places are the graph's outputs only where the run returned exactly those (no input
         # mutations or aliases AOTAutograd adds or takes away)
         part.released = released if simulated is not None and outputs == simulated[2] else ()
@@ -1290,22 +1298,24 @@ class _CountedRuns:
         if nodes and not any(_torch_compat.is_fake(t) for t in tensors):
             token = _Run()
             self.waiting.add(token)
-            # whether the caller still holds each output when the backward begins, seen once: the
-            # tensor, not its storage, which the graph's own saved values may hold (an output saved
-            # for the backward is freed at its last backward reader once the caller drops it)
+            # whether the caller still holds each output when the backward begins, seen once: its
+            # storage, and the tensor itself, for an output whose storage a value the graph saves
+            # for its backward holds (freed at its last backward reader once the caller drops it)
             watched = part is not None and part.released is None
             outputs = _outputs(out)
-            storages = [weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in outputs] if watched else []
+            refs = [(weakref.ref(t), _torch_compat.storage_weakref(t)) if isinstance(t, torch.Tensor) else None
+                    for t in outputs] if watched else []
 
-            def begin_backward(grad_outputs, token=token, storages=storages, count=len(outputs)):
+            def begin_backward(grad_outputs, token=token, refs=refs, count=len(outputs)):
                 self.backend._backward_begun = True
                 if token in self.waiting:
                     self.backend._ran(self.part, len(self.waiting))
                     self.waiting.discard(token)
-                    if storages:
-                        freed = tuple(k for k, ref in enumerate(storages) if ref is not None and ref() is None)
-                        self.backend._released(self.part, freed, count)
-                        storages.clear()
+                    if refs:
+                        dropped = tuple(k for k, ref in enumerate(refs) if ref is not None and ref[0]() is None)
+                        freed = tuple(k for k, ref in enumerate(refs) if ref is not None and ref[1].expired())
+                        self.backend._released(self.part, freed, count, dropped)
+                        refs.clear()
 
             for node in nodes.values():
                 node.register_prehook(begin_backward)

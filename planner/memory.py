@@ -1975,6 +1975,14 @@ def computed_whatever_saved(joint: JointGraph) -> set[fx.Node]:
     return found
 
 
+def saved_outputs(forward: fx.GraphModule, num_fwd_outputs: int) -> frozenset[int]:
+    """Places of ``forward``'s first ``num_fwd_outputs`` outputs (the caller's) whose storage is
+    that of a value it saves for the backward (its outputs after those)."""
+    out = _outputs(forward, raw=True)
+    saved = {storage_root(o) for o in out[num_fwd_outputs:] if isinstance(o, fx.Node)}
+    return frozenset(k for k, o in enumerate(out[:num_fwd_outputs]) if isinstance(o, fx.Node) and storage_root(o) in saved)
+
+
 def freed_output_roots(joint: JointGraph) -> set[fx.Node]:
     """Storages of the forward outputs at the places ``joint.released`` (freed by the caller
     before the backward), less those the caller keeps through another output."""

@@ -314,6 +314,36 @@ def test_an_output_saved_for_the_backward_that_the_caller_drops_is_freed_at_its_
     assert drops[0] == 0 and drops[-1] == wide  # alive while read, freed before the backward ends
 
 
+class KeptView(nn.Module):
+    """:class:`WideHandOff` whose second graph also returns a detached view of the first
+    graph's wide output (no autograd link to it), which the caller keeps through the backward
+    while the output itself is dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 4096))
+
+    def forward(self, x: torch.Tensor):
+        h = self.first(x)
+        torch._dynamo.graph_break()
+        return (h.tanh() * 2).sum(), h.detach()[:, :8]
+
+
+def test_an_output_whose_storage_a_view_the_caller_keeps_holds_stays_counted():
+    # the first graph's output tensor is gone when its backward begins, but a detached view of
+    # it the caller kept holds its storage, and the graph saves no value in it: it stays counted
+    torch.manual_seed(0)
+    compiled = planner.compile(KeptView(), memory_budget=1.0, **EAGER)
+    backend = compiled.planner_backend
+    loss, view = compiled(torch.randn(32, 64))
+    first_key = next(iter(backend._step))
+    part = backend._parts[first_key]
+    before = backend._step[first_key]
+    loss.backward()
+    assert view.untyped_storage().nbytes() == 32 * 4096 * 4  # the whole output's storage, still alive
+    assert part.released == () and backend._step[first_key] == before
+
+
 class LossOf(nn.Module):
     """:class:`SavedOutput`'s loss alone, its wide value kept inside the graph."""
 
