@@ -10,8 +10,8 @@ Both follow the same rules, read from node metadata:
   at last use); inputs and parameters are held before the step and never counted;
 * forward outputs the caller keeps, and the gradients the backward returns, live to the end
   (outputs seen freed by the time the backward began, ``released``, only to the forward's end,
-  or, saved for the backward, to their last reader there: the caller's tensor is watched, not
-  its storage, which a saved value holds);
+  or, where a value the graph saves holds their storage, to its last reader there: the
+  caller's tensor is watched as well as the storage, which that saved value keeps alive);
   so do the backward's tangents, whatever reads them, on a torch whose autograd engine holds the
   gradients it hands a compiled backward (and the zeros it makes for an output that got none)
   until that backward returns (:func:`planner._torch_compat.tangents_held_through_backward`:
@@ -1980,7 +1980,8 @@ def saved_outputs(forward: fx.GraphModule, num_fwd_outputs: int) -> frozenset[in
     that of a value it saves for the backward (its outputs after those)."""
     out = _outputs(forward, raw=True)
     saved = {storage_root(o) for o in out[num_fwd_outputs:] if isinstance(o, fx.Node)}
-    return frozenset(k for k, o in enumerate(out[:num_fwd_outputs]) if isinstance(o, fx.Node) and storage_root(o) in saved)
+    return frozenset(k for k, o in enumerate(out[:num_fwd_outputs])
+                     if isinstance(o, fx.Node) and storage_root(o) in saved)
 
 
 def freed_output_roots(joint: JointGraph) -> set[fx.Node]:
