@@ -46,7 +46,8 @@ def test_memory_rows_equal_the_profile_at_every_step_for_every_plan(problem, rep
 @settings(max_examples=25, deadline=None)
 @given(undonated_problems)
 def test_memory_rows_count_no_in_place_write_into_a_value_its_last_reader_may_not_write(problem):
-    # a saved value the caller's output shares is not donated to the backward (Schedule.no_reuse)
+    # a kernel may not write into a value it reads at another index (Schedule.no_reuse), nor
+    # into a saved value the caller's output shares, not donated to the backward (Schedule.undonated)
     _rows_equal_the_profile(problem)
 
 

@@ -328,7 +328,7 @@ def test_planned_graphs_compute_a_long_expression_in_each_reader_as_the_memory_m
         _, (stock, *_) = run_and_get_code(torch.compile(_LongExpression(), backend="inductor"), x)
         assert stock.count("empty_strided_cpu((128, 48)") == 2  # the product and the expression
         torch._dynamo.reset()
-        # greedy: a plan that does not hang on a solver's time limit (under load, a timed-out
+        # greedy: a plan that does not depend on a solver's time limit (under load, a timed-out
         # exact solve may save one of the expression's values, a second such buffer)
         config = planner.PlannerConfig(memory_budget=0.0, codegen="inductor", solver="greedy")
         plan = planner.plan(_LongExpression(), [x], config)
