@@ -7,7 +7,7 @@ seconds recomputation costs); every solver's reported figures come from :func:`e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterable
 from functools import cached_property
 
@@ -18,7 +18,7 @@ from scipy.sparse.csgraph import breadth_first_order
 from planner.errors import PlannerError
 from planner.schedule import Offloads, Profile, Schedule, consumers, profile
 
-__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "memory_profile", "bound_peak",
+__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "memory_profile",
            "offloads_of"]
 
 
@@ -200,23 +200,13 @@ def memory_profile(problem: Problem, plan: Evaluation, offloads: Offloads | None
     return _profile(problem, plan.saved, plan.recomputed, offloads)
 
 
-def bound_peak(problem: Problem, plan: Evaluation) -> int:
-    """``plan``'s peak as the solvers' memory rows count it: every recomputed copy the schedule
-    counts stored is stored, also where a producer the plan saves lets inductor compute it
-    inside its readers (:attr:`planner.schedule.Schedule.fused_if_saved`, which a plan's own
-    peak follows). At or above ``plan.peak_bytes``."""
-    return _profile(problem, plan.saved, plan.recomputed, schedule=replace(problem.schedule, fused_if_saved=None)).peak
-
-
 def _rng_bytes(problem: Problem, recomputed: np.ndarray) -> int:
     return problem.rng_state_bytes * int((recomputed & problem.random).sum())
 
 
-def _profile(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, offloads: Offloads | None = None,
-             schedule: Schedule | None = None) -> Profile:
+def _profile(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, offloads: Offloads | None = None) -> Profile:
     rng = _rng_bytes(problem, recomputed)
-    return profile(problem.schedule if schedule is None else schedule, problem.inputs, problem.nbytes, saved, recomputed,
-                   rng, problem.consumers, offloads)
+    return profile(problem.schedule, problem.inputs, problem.nbytes, saved, recomputed, rng, problem.consumers, offloads)
 
 
 def evaluate_names(problem: Problem, saved: Iterable[str], offloaded: Iterable[str] = (),

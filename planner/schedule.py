@@ -85,8 +85,8 @@ class Schedule:
         recomputed copy fused (``copy_bytes`` 0, ``fused``), where the copy is counted stored
         because it is computed from their producers
         (:func:`planner.memory.inlined_once_saved`); -1 pads the row (``None``: none anywhere).
-        Only a plan's evaluation (:func:`profile`) reads it: the solvers' memory rows count the
-        copy stored, an upper bound.
+        A plan's evaluation (:func:`profile`) and the solvers' memory rows
+        (:mod:`solvers.peak_rows`) count the copy fused where the plan saves one of them.
     on_demand : node i is a forward value no forward output needs (a piece of the backward that
         reads no tangent, such as a derivative's ``erf`` merged with the forward's): the emitted
         forward computes it only where the plan saves it or an on-demand value it computes reads

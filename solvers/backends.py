@@ -16,7 +16,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from planner.decision import Status
 from planner.errors import SolverError
-from planner.problem import Evaluation, Problem, bound_peak, evaluate
+from planner.problem import Evaluation, Problem, evaluate
 from solvers.base import Solution, relative_gap
 from solvers.graph_model import GraphModel, build_graph_model, seconds_bound, tie_broken_objective
 from solvers.peak_rows import Round, Steps, solve_within_peak
@@ -49,12 +49,11 @@ def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline
     gap to the best bound any round proved (each round relaxes the full program, so its bound
     holds) or ``bound``, seconds known beforehand to be a bound, whichever is higher.
     ``restrict(build, base)`` adds rows that restrict the program (:func:`tie_blocks`); the
-    status and gap are then of that program only. A program proven infeasible returns the start:
-    a restricted one may exclude every plan within the budget, and the full one may too where the
-    start fits only through copies fused where it saves their producers, which the memory rows
-    count stored; full rows infeasible that admit the start (:func:`planner.problem.bound_peak`)
-    raise :class:`SolverError`, a bug in the model. ``steps`` (:class:`solvers.peak_rows.Steps`)
-    carries the memory rows' steps from one call to the next.
+    status and gap are then of that program only. A restricted program proven infeasible returns
+    the start (it may exclude every plan within the budget); the full program, whose rows count
+    the start as its profile does, proven infeasible raises :class:`SolverError`, a bug in the
+    model. ``steps`` (:class:`solvers.peak_rows.Steps`) carries the memory rows' steps from one
+    call to the next.
     """
     base, build = build_graph_model(problem)
     if restrict is not None:
@@ -80,16 +79,9 @@ def within_peak(problem: Problem, budget_bytes: int, start: Evaluation, deadline
         # the restriction (blocks tied, patterns chosen) may exclude every plan within the budget
         stats["answer"] = "the starting plan: the restricted program admits no plan within the budget"
         found = start
-    elif infeasible and result.plan is None:
-        rows_peak = bound_peak(problem, start)
-        if rows_peak <= budget_bytes:  # the rows admit the start: they cannot be infeasible
-            raise SolverError(f"the memory rows were proven infeasible at {budget_bytes} bytes, which the starting "
-                              f"plan meets in them ({rows_peak} bytes); this is a bug in the model, please report it")
-        # the start fits only where its saved producers let inductor fuse copies, which the rows
-        # count stored (an upper bound): no plan they count within the budget exists
-        stats["answer"] = (f"the starting plan: the memory rows admit no plan within the budget (they count "
-                           f"{rows_peak} bytes for it, storing the copies it fuses where it saves their producers)")
-        found = start
+    elif infeasible and result.plan is None:  # the rows count the start as its profile does
+        raise SolverError(f"the memory rows were proven infeasible at {budget_bytes} bytes, which the starting "
+                          f"plan meets ({start.peak_bytes} bytes); this is a bug in the model, please report it")
     elif result.plan is None or result.plan.peak_bytes > budget_bytes or result.plan.seconds > start.seconds:
         stats["answer"] = "the starting plan: the time limit passed before a faster plan within the budget was found"
         found = start

@@ -68,9 +68,9 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint: np.ndarray,
     With ``peak`` (a limit with a column), that column becomes a whole number of bytes and is
     the objective; otherwise ``objective`` is scaled to integers. A program proven infeasible
     is a bug in the model unless ``may_be_infeasible``: then the answer says so. The exact
-    solvers' programs may be, where the budget is met only by plans whose saved producers let
-    inductor fuse copies their memory rows count stored (:func:`solvers.backends.within_peak`
-    tells the two apart).
+    solvers' restricted programs (blocks tied, patterns chosen) and offloading programs below the
+    least peak may be (:func:`solvers.backends.within_peak` tells a restricted program from the
+    full one).
     """
     built = _to_cp_model(model, peak, deadline)
     if built is None or time.monotonic() > deadline:

@@ -11,14 +11,18 @@ e exists by then::
 A saved node is alive at t while it is read at t or later, directly or by a copy not yet made
 before t (``recomputed[w] - made[w,t-1]``); a copy is alive at t if made by t and alive in the
 same sense; a library kernel's scratch counts at the step its copy is made
-(``made[e,t] - made[e,t-1]``). A fused copy reads its inputs at every kernel up to its last reader's, so its
-readers' copies count too; a multi-output op's outputs are made with it; a step whose kernel
-may write its output into a value it reads last subtracts that output's bytes, through a
-variable at most 1 when such a value ends there. Forward rows need the saved variables, and for
-values on demand (computed in the forward only where the plan saves them or a value computed
-there reads them), ``computed[i] >= saved[i]``, ``computed[i] >= computed[k]`` for each
-on-demand reader k, and an unsaved value alive at f through on-demand readers only:
-``alive[i,f] >= computed[k] - saved[i]`` for each reader k reading it at f or later.
+(``made[e,t] - made[e,t-1]``). A fused copy reads its inputs at every kernel up to its last
+reader's, so its readers' copies count too. A copy that inductor fuses only where the plan saves
+one of some producers (``Schedule.fused_if_saved``) is either, by ``fused[e] >= saved[j]`` for
+each such j, ``fused[e] <= sum_j saved[j]`` and ``stored[e] = 1 - fused[e]``: its bytes, and its
+reads when it is made, count with ``stored[e]`` as a factor, its reads up to its last reader's
+with ``fused[e]``. A multi-output op's outputs are made with it; a step whose kernel may write
+its output into a value it reads last subtracts that output's bytes, through a variable at most
+1 when such a value ends there (never a fused copy, which has no storage). Forward rows need the
+saved variables, and for values on demand (computed in the forward only where the plan saves
+them or a value computed there reads them), ``computed[i] >= saved[i]``, ``computed[i] >=
+computed[k]`` for each on-demand reader k, and an unsaved value alive at f through on-demand
+readers only: ``alive[i,f] >= computed[k] - saved[i]`` for each reader k reading it at f or later.
 With offloading (:mod:`solvers.offload`), a saved value chosen to be offloaded is off the device
 after its forward wait and before its copy back: there its term is ``saved - offloaded``, or,
 where only recomputed copies keep it alive, a variable at least ``alive - offloaded``.
@@ -72,6 +76,13 @@ class PeakRows:
         for i, k, f in s.demand_reads.tolist():
             self.demand_reads.setdefault(i, []).append((k, f))
         self.computable = s.on_demand & computed_in_forward(s, self.svar >= 0)
+        # copies stored unless the plan saves one of some producers, which lets inductor fuse
+        # them into their readers (Schedule.fused_if_saved): the saved variables of those producers
+        self.fusible: dict[int, list[int]] = {}
+        for e in np.flatnonzero(self.own & (self.rvar >= 0) & ~s.fused):
+            savers = sorted({int(self.svar[j]) for j in s.fused_if_saved[e] if j >= 0 and self.svar[j] >= 0})
+            if savers:
+                self.fusible[int(e)] = savers
         never = s.num_steps + 1
         earliest = np.full(n, never, dtype=np.int64)
         for e in range(n - 1, -1, -1):
@@ -114,10 +125,24 @@ class PeakRows:
         computed_cache: dict = {}
         for f in sorted(forward_steps):
             limit.row(build, *self._forward(build, f, computed_cache))
+        fusion = self._fusion(build)
         for t in sorted(backward_steps):
             made_now = self._made(build, t, made_cache)
             made_before = self._made(build, t - 1, made_cache)
-            limit.row(build, *self._backward(build, t, made_now, made_before))
+            limit.row(build, *self._backward(build, t, made_now, made_before, fusion))
+
+    def _fusion(self, build: RowBuilder) -> dict[int, tuple[int, int]]:
+        """Columns ``(fused[e], stored[e])`` per copy of :attr:`fusible`: fused where the plan
+        saves one of its producers, stored where it saves none."""
+        columns = {}
+        for e, savers in self.fusible.items():
+            fused, stored = (int(c) for c in build.add_vars(2, integral=False))
+            for j in savers:  # fused >= saved[j]
+                build.add_row([fused, j], [1.0, -1.0], 0.0, np.inf)
+            build.add_row([fused, *savers], [1.0] + [-1.0] * len(savers), -np.inf, 0.0)  # fused <= sum saved[j]
+            build.add_row([stored, fused], [1.0, 1.0], 1.0, 1.0)  # stored = 1 - fused
+            columns[e] = (fused, stored)
+        return columns
 
     def _forward(self, build: RowBuilder, f: int, cache: dict) -> tuple[float, list]:
         s, nbytes = self.schedule, self.problem.nbytes
@@ -210,27 +235,33 @@ class PeakRows:
         cache[tau] = made
         return made
 
-    def _backward(self, build: RowBuilder, t: int, made_now: dict, made_before: dict) -> tuple[float, list]:
+    def _backward(self, build: RowBuilder, t: int, made_now: dict, made_before: dict,
+                  fusion: dict[int, tuple[int, int]]) -> tuple[float, list]:
         s, nbytes = self.schedule, self.problem.nbytes
         terms = list(self.every_step)
         reading: dict[int, list] = {}
         for e in np.flatnonzero(self.own & ~s.held):
             e = int(e)
             # copies of readers of e that read it at t or later: each keeps e alive at t
-            later = [c for w in self.cons[e] for c in self._reads_at(t, int(w), made_before, reading)]
+            later = [c for w in self.cons[e] for c in self._reads_at(t, int(w), made_before, reading, fusion)]
             # the windows of e's offloads that have it off the device at t
             away = [c for b, c in self.away_until.get(e, ()) if t < b]
             for present, size in ((self.svar[e], nbytes[e]), (made_now.get(e, -1), s.copy_bytes[e])):
                 if present < 0 or not size:
                     continue
-                off = away if present == self.svar[e] else []  # only a saved value is offloaded
-                if s.last_read[e] >= t:
+                is_saved = present == self.svar[e]
+                off = away if is_saved else []  # only a saved value is offloaded
+                # a copy inductor may fuse holds its bytes only where it is stored
+                stored = [[(fusion[e][1], 1.0)]] if e in fusion and not is_saved else []
+                if s.last_read[e] >= t and not stored:
                     terms.append((int(present), float(size)))
                     terms += [(c, -float(size)) for c in off]  # the offloads (one at most) <= saved
+                elif s.last_read[e] >= t:
+                    terms.append((self._all_of(build, [[(int(present), 1.0)], *stored]), float(size)))
                 elif later:
                     (alive,) = build.add_vars(1, integral=False)
                     for conj in later:  # alive >= present AND every factor of conj
-                        factors = [[(int(present), 1.0)], *conj]
+                        factors = [[(int(present), 1.0)], *stored, *conj]
                         build.add_row([alive] + [c for f in factors for c, _ in f],
                                       [1.0] + [-v for f in factors for _, v in f], 1.0 - len(factors), np.inf)
                     if off:  # on the device: alive AND NOT offloaded, at least alive - offloaded
@@ -243,9 +274,18 @@ class PeakRows:
                 terms.append((made_now[e], float(s.copy_scratch[e])))
                 if e in made_before:
                     terms.append((made_before[e], -float(s.copy_scratch[e])))
-        return float(s.base[t]) - (float(s.reuse[t]) if s.reuse_base[t] else 0.0), terms + self._reuse(build, t, made_now)
+        return (float(s.base[t]) - (float(s.reuse[t]) if s.reuse_base[t] else 0.0),
+                terms + self._reuse(build, t, made_now, fusion))
 
-    def _reuse(self, build: RowBuilder, t: int, made_now: dict) -> list:
+    @staticmethod
+    def _all_of(build: RowBuilder, factors: list) -> int:
+        """Column at least the AND of ``factors`` (0/1 linear expressions)."""
+        (col,) = build.add_vars(1, integral=False)
+        build.add_row([col] + [c for f in factors for c, _ in f], [1.0] + [-v for f in factors for _, v in f],
+                      1.0 - len(factors), np.inf)
+        return int(col)
+
+    def _reuse(self, build: RowBuilder, t: int, made_now: dict, fusion: dict[int, tuple[int, int]]) -> list:
         """``-reuse[t] * x`` for x in [0, 1] that is at most 1 when a saved value or copy of
         that size is read last at step t (no copy reads it later), else 0."""
         s, nbytes = self.schedule, self.problem.nbytes
@@ -257,8 +297,10 @@ class PeakRows:
                     continue
                 (end,) = build.add_vars(1, integral=False)
                 build.add_row([end, int(present)], [1.0, -1.0], -np.inf, 0.0)
+                if e in fusion and present != saved:  # a fused copy has no storage to write into
+                    build.add_row([end, fusion[e][1]], [1.0, -1.0], -np.inf, 0.0)
                 for w in self.cons[e]:  # end <= 1 - AND(conj): no copy reads e after t
-                    for conj in self._reads_at(t + 1, int(w), made_now, reading):
+                    for conj in self._reads_at(t + 1, int(w), made_now, reading, fusion):
                         build.add_row([end] + [c for f in conj for c, _ in f], [1.0] + [v for f in conj for _, v in f],
                                       -np.inf, float(len(conj)))
                 ends.append(int(end))
@@ -268,24 +310,30 @@ class PeakRows:
         build.add_row([x, *ends], [1.0] + [-1.0] * len(ends), -np.inf, 0.0)
         return [(int(x), -float(s.reuse[t]))]
 
-    def _reads_at(self, t: int, w: int, made_before: dict, cache: dict) -> list:
+    def _reads_at(self, t: int, w: int, made_before: dict, cache: dict, fusion: dict[int, tuple[int, int]]) -> list:
         """When w's copy reads its inputs at step t or later, as a disjunction of conjunctions
         of 0/1 linear expressions (an empty list: never). A stored copy reads them once, when
-        it is made; a fused copy in every kernel that computes it, up to its last reader's."""
+        it is made; a fused copy in every kernel that computes it, up to its last reader's; a
+        copy that is either (:attr:`fusible`) as the one or the other, by its columns."""
         if w in cache:
             return cache[w]
         r = int(self.rvar[w])
         found: list = []
-        if r < 0:
-            pass
-        elif not self.schedule.fused[w]:
+        if r >= 0 and not self.schedule.fused[w]:
             m = made_before.get(w)  # made[w, t-1]: the copy is made at t or later
             if m != r:
                 found = [[[(r, 1.0)] + ([(m, -1.0)] if m is not None else [])]]
-        elif self.schedule.last_read[w] >= t or made_before.get(w) is None:
-            found = [[[(r, 1.0)]]]
-        else:  # w is recomputed and one of its readers reads it at t or later
-            found = [[[(r, 1.0)], *conj] for u in self.cons[w] for conj in self._reads_at(t, int(u), made_before, cache)]
+        if r >= 0 and (self.schedule.fused[w] or w in fusion):
+            if self.schedule.last_read[w] >= t or made_before.get(w) is None:
+                fused = [[[(r, 1.0)]]]
+            else:  # w is recomputed and one of its readers reads it at t or later
+                fused = [[[(r, 1.0)], *conj] for u in self.cons[w]
+                         for conj in self._reads_at(t, int(u), made_before, cache, fusion)]
+            if w in fusion:  # stored where the plan saves none of its producers, else fused
+                (on, off) = fusion[w]
+                found = [[*conj, [(off, 1.0)]] for conj in found] + [[*conj, [(on, 1.0)]] for conj in fused]
+            else:
+                found = fused
         cache[w] = found
         return found
 

@@ -12,13 +12,15 @@ from planner.schedule import Schedule
 
 
 def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False, on_demand: bool = False,
-                   undonated: bool = False) -> Problem:
+                   undonated: bool = False, fusible: bool = False) -> Problem:
     """A random DAG in topological order: some views, random ops, side effects and needed nodes.
 
     With ``timed``, a random schedule (backward reads, transients, backward memory, values the
     forward computes on demand, with ``on_demand``; values their last reader may not write into
-    (or not into the saved value), with ``undonated``) makes peak memory differ from saved bytes; without, the peak is the saved bytes. With ``priced``, saving
-    costs seconds too, on the scale of the runtimes, so recomputing can beat saving.
+    (or not into the saved value), with ``undonated``; copies fused where the plan saves one of
+    a few other nodes, with ``fusible``) makes peak memory differ from saved bytes; without, the
+    peak is the saved bytes. With ``priced``, saving costs seconds too, on the scale of the
+    runtimes, so recomputing can beat saving.
     """
     rng = np.random.default_rng(seed)
     ptr, idx = [0], []
@@ -51,6 +53,8 @@ def random_problem(seed: int, n: int, timed: bool = False, priced: bool = False,
     if timed and undonated:  # drawn apart (their own generator), so the rest of a seed's problem is unchanged
         draw = np.random.default_rng([seed, 2]).random((2, n)) < 0.4
         problem = replace(problem, schedule=replace(problem.schedule, no_reuse=draw[0], undonated=draw[1]))
+    if timed and fusible:
+        problem = replace(problem, schedule=_fusible(problem.schedule, seed, saveable))
     return problem
 
 
@@ -101,6 +105,20 @@ def _on_demand(schedule: Schedule, seed: int, ptr: list, idx: list) -> Schedule:
                    demand_needs=np.array(needs, dtype=np.int64).reshape(-1, 2))
 
 
+def _fusible(schedule: Schedule, seed: int, saveable: np.ndarray) -> Schedule:
+    """``schedule`` with copies stored unless the plan saves one of up to three other nodes
+    (``Schedule.fused_if_saved``), drawn apart (their own generator) as ``_on_demand`` is."""
+    rng = np.random.default_rng([seed, 3])
+    n = len(schedule.owner)
+    when = np.full((n, 3), -1, dtype=np.int64)
+    for i in np.flatnonzero(~schedule.fused & (rng.random(n) < 0.5)).tolist():
+        others = np.flatnonzero(saveable & (np.arange(n) != i))
+        if len(others):
+            picked = rng.choice(others, size=min(len(others), int(rng.integers(1, 4))), replace=False)
+            when[i, :len(picked)] = np.sort(picked)
+    return replace(schedule, fused_if_saved=when)
+
+
 problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 14))
 timed_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True),
                            on_demand=st.booleans(), undonated=st.booleans())
@@ -108,6 +126,8 @@ on_demand_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.int
                                on_demand=st.just(True))
 undonated_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True),
                                undonated=st.just(True))
+fusible_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.just(True),
+                             on_demand=st.booleans(), undonated=st.booleans(), fusible=st.just(True))
 priced_problems = st.builds(random_problem, st.integers(0, 2**31 - 1), st.integers(2, 12), st.booleans(), st.just(True))
 
 

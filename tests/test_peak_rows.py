@@ -15,7 +15,7 @@ from solvers.frugal import min_peak_plan
 from solvers.graph_model import build_graph_model
 from solvers.backends import solve_highs, within_peak
 from solvers.peak_rows import Limit, PeakRows, Steps, memory_unit
-from tests.synthetic import all_plans, on_demand_problems, timed_problems, undonated_problems
+from tests.synthetic import all_plans, fusible_problems, on_demand_problems, timed_problems, undonated_problems
 
 
 def _least_memory_the_rows_allow(model, plan, peak_col: int, span: float) -> float:
@@ -55,6 +55,45 @@ def test_memory_rows_count_no_in_place_write_into_a_value_its_last_reader_may_no
 @given(on_demand_problems)
 def test_memory_rows_count_values_on_demand_only_where_the_plan_computes_them_in_the_forward(problem):
     _rows_equal_the_profile(problem)
+
+
+@settings(max_examples=40, deadline=None)
+@given(fusible_problems)
+def test_memory_rows_count_a_copy_fused_where_the_plan_saves_a_producer_that_lets_inductor_fuse_it(problem):
+    # stored (its bytes, its inputs read when it is made) where the plan saves none of the
+    # producers Schedule.fused_if_saved names, fused (no bytes, inputs read up to its last
+    # reader's) where it saves one, as the profile counts it
+    _rows_equal_the_profile(problem)
+
+
+def test_memory_rows_count_a_real_graphs_copies_fused_where_its_plan_saves_their_producers():
+    # the test GPT's plan that saves each block's input: inductor computes the normalised inputs
+    # inside their readers (Schedule.fused_if_saved), which the profile counts; so do the rows,
+    # at every step where counting those copies stored would say more
+    import planner
+    from estimators import get_estimator
+    from planner.build import build_problem
+    from planner.models import GPTConfig, gpt_example
+    from planner.schedule import profile
+    from solvers.reference import reference_plan
+
+    model, batch = gpt_example(GPTConfig(n_layer=2, d_model=64, seq_len=64))
+    problem = build_problem(planner.capture(model, list(batch), codegen="inductor"), get_estimator("flops"), fuse=True)
+    plan = reference_plan(problem)
+    fused = memory_profile(problem, plan)
+    rng = problem.rng_state_bytes * int((plan.recomputed & problem.random).sum())
+    stored = profile(dataclasses.replace(problem.schedule, fused_if_saved=None), problem.inputs, problem.nbytes,
+                     plan.saved, plan.recomputed, rng, problem.consumers)
+    steps = np.flatnonzero(stored.backward != fused.backward)
+    assert len(steps) and stored.peak > fused.peak
+    base, build = build_graph_model(problem)
+    rows, unit, span = PeakRows(problem, base), memory_unit(problem), 2.0 * stored.peak
+    for t in steps.tolist():
+        trial = build.copy()
+        (col,) = trial.add_vars(1, integral=False)
+        rows.add(trial, [], [t], Limit(0.0, unit, int(col), span))
+        counted = _least_memory_the_rows_allow(trial.freeze(base), plan, int(col), span)
+        assert counted == pytest.approx(fused.backward[t], rel=1e-6)
 
 
 def _rows_equal_the_profile(problem):

@@ -393,38 +393,24 @@ def test_cpsat_writes_each_row_of_the_graph_model_as_one_linear_constraint(monke
             assert x[peak.col] is peak_bytes and np.isfinite(peak.span)
 
 
-def test_memory_rows_proven_infeasible_return_the_start_where_it_fits_only_through_fused_copies():
-    """The memory rows count stored every copy the schedule does, also where a producer a plan
-    saves lets inductor compute it inside its readers, which a plan's evaluation follows: at a
-    budget met only so (budget 0's least peak), the rows admit no plan. The exact solvers then
-    return their starting plan and say why, as where a restricted program (blocks tied,
-    patterns chosen) admits none; full rows proven infeasible where they admit the start are
-    still a bug, and raise."""
-    import time as clock
-
-    import planner
-    from estimators import get_estimator
-    from planner.build import build_problem
+@settings(max_examples=10, deadline=None)
+@given(timed_problems)
+def test_full_memory_rows_proven_infeasible_are_a_bug_and_a_restricted_program_returns_the_start(problem):
+    """The memory rows count every plan as its profile does, so the full program proven
+    infeasible at a budget its start meets is a bug in the model, and raises; a restricted
+    program (blocks tied, patterns chosen) may exclude every plan within the budget, and
+    returns the start, saying so."""
     from planner.errors import SolverError
-    from planner.models import GPTConfig, gpt_example
-    from planner.problem import bound_peak
     from solvers.backends import Answer, within_peak
 
-    model, batch = gpt_example(GPTConfig(n_layer=2, d_model=64, seq_len=64))
-    problem = build_problem(planner.capture(model, list(batch), codegen="inductor"), get_estimator("flops"), fuse=True)
-    start = reference_plan(problem)  # saves each block's input: its normalised inputs are fused
-    counted = bound_peak(problem, start)
-    assert counted > start.peak_bytes
+    start = reference_plan(problem)
+    deadline = time.monotonic() + 10
 
     def proven_infeasible(model, objective, vector):
         return Answer(None, False, infeasible=True)
 
-    deadline = clock.monotonic() + 30
-    solution = within_peak(problem, start.peak_bytes, start, deadline, proven_infeasible)
-    assert solution.status == Status.FEASIBLE and (solution.saved == start.saved).all()
-    assert f"they count {counted} bytes" in solution.stats["answer"]
     with pytest.raises(SolverError, match="bug in the model"):
-        within_peak(problem, counted, start, deadline, proven_infeasible)
-    # a restricted program (blocks tied, patterns chosen) may exclude every plan within the budget
-    restricted = within_peak(problem, counted, start, deadline, proven_infeasible, restrict=lambda build, base: None)
+        within_peak(problem, start.peak_bytes, start, deadline, proven_infeasible)
+    restricted = within_peak(problem, start.peak_bytes, start, deadline, proven_infeasible,
+                             restrict=lambda build, base: None)
     assert (restricted.saved == start.saved).all() and "restricted program" in restricted.stats["answer"]
