@@ -980,7 +980,8 @@ def test_a_simulation_finds_readers_once_and_forgets_them(name, monkeypatch):
     model, inputs = MODELS[name]()
     joint = planner.capture(model, inputs, codegen="inductor")
     problem = build_problem(joint, get_estimator("flops"), fuse=True)
-    saved = get_solver("cpsat").solve(problem, planner.Budget(fraction=0.3).resolve(problem)).saved
+    # any plan that recomputes does; greedy's needs no search up to a time limit
+    saved = get_solver("greedy").solve(problem, planner.Budget(fraction=0.3).resolve(problem)).saved
     timeline = simulated_timeline(joint, problem, saved)
     assert getattr(memory._seen, "maps", None) is None  # forgotten after the walk
     monkeypatch.setattr(memory, "_graphs_unchanged", contextlib.nullcontext)
