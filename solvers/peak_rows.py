@@ -261,9 +261,7 @@ class PeakRows:
                 elif later:
                     (alive,) = build.add_vars(1, integral=False)
                     for conj in later:  # alive >= present AND every factor of conj
-                        factors = [[(int(present), 1.0)], *stored, *conj]
-                        build.add_row([alive] + [c for f in factors for c, _ in f],
-                                      [1.0] + [-v for f in factors for _, v in f], 1.0 - len(factors), np.inf)
+                        self._at_least_all(build, alive, [[(int(present), 1.0)], *stored, *conj])
                     if off:  # on the device: alive AND NOT offloaded, at least alive - offloaded
                         (here,) = build.add_vars(1, integral=False)
                         build.add_row([here, alive, *off], [1.0, -1.0] + [1.0] * len(off), 0.0, np.inf)
@@ -277,13 +275,18 @@ class PeakRows:
         return (float(s.base[t]) - (float(s.reuse[t]) if s.reuse_base[t] else 0.0),
                 terms + self._reuse(build, t, made_now, fusion))
 
-    @staticmethod
-    def _all_of(build: RowBuilder, factors: list) -> int:
-        """Column at least the AND of ``factors`` (0/1 linear expressions)."""
+    @classmethod
+    def _all_of(cls, build: RowBuilder, factors: list) -> int:
+        """A new column at least the AND of ``factors`` (0/1 linear expressions)."""
         (col,) = build.add_vars(1, integral=False)
+        cls._at_least_all(build, int(col), factors)
+        return int(col)
+
+    @staticmethod
+    def _at_least_all(build: RowBuilder, col: int, factors: list) -> None:
+        """The row ``col >= AND(factors)``: col - sum(factors) >= 1 - len(factors)."""
         build.add_row([col] + [c for f in factors for c, _ in f], [1.0] + [-v for f in factors for _, v in f],
                       1.0 - len(factors), np.inf)
-        return int(col)
 
     def _reuse(self, build: RowBuilder, t: int, made_now: dict, fusion: dict[int, tuple[int, int]]) -> list:
         """``-reuse[t] * x`` for x in [0, 1] that is at most 1 when a saved value or copy of
