@@ -253,11 +253,10 @@ class PeakRows:
                 off = away if is_saved else []  # only a saved value is offloaded
                 # a copy inductor may fuse holds its bytes only where it is stored
                 stored = [[(fusion[e][1], 1.0)]] if e in fusion and not is_saved else []
-                if s.last_read[e] >= t and not stored:
-                    terms.append((int(present), float(size)))
+                if s.last_read[e] >= t:
+                    here = self._all_of(build, [[(int(present), 1.0)], *stored]) if stored else int(present)
+                    terms.append((here, float(size)))
                     terms += [(c, -float(size)) for c in off]  # the offloads (one at most) <= saved
-                elif s.last_read[e] >= t:
-                    terms.append((self._all_of(build, [[(int(present), 1.0)], *stored]), float(size)))
                 elif later:
                     (alive,) = build.add_vars(1, integral=False)
                     for conj in later:  # alive >= present AND every factor of conj
