@@ -332,8 +332,8 @@ class PeakRows:
                 fused = [[[(r, 1.0)], *conj] for u in self.cons[w]
                          for conj in self._reads_at(t, int(u), made_before, cache, fusion)]
             if w in fusion:  # stored where the plan saves none of its producers, else fused
-                (on, off) = fusion[w]
-                found = [[*conj, [(off, 1.0)]] for conj in found] + [[*conj, [(on, 1.0)]] for conj in fused]
+                fused_col, stored_col = fusion[w]
+                found = [[*conj, [(stored_col, 1.0)]] for conj in found] + [[*conj, [(fused_col, 1.0)]] for conj in fused]
             else:
                 found = fused
         cache[w] = found

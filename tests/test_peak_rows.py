@@ -74,16 +74,14 @@ def test_memory_rows_count_a_real_graphs_copies_fused_where_its_plan_saves_their
     from estimators import get_estimator
     from planner.build import build_problem
     from planner.models import GPTConfig, gpt_example
-    from planner.schedule import profile
     from solvers.reference import reference_plan
 
     model, batch = gpt_example(GPTConfig(n_layer=2, d_model=64, seq_len=64))
     problem = build_problem(planner.capture(model, list(batch), codegen="inductor"), get_estimator("flops"), fuse=True)
     plan = reference_plan(problem)
     fused = memory_profile(problem, plan)
-    rng = problem.rng_state_bytes * int((plan.recomputed & problem.random).sum())
-    stored = profile(dataclasses.replace(problem.schedule, fused_if_saved=None), problem.inputs, problem.nbytes,
-                     plan.saved, plan.recomputed, rng, problem.consumers)
+    unfused = dataclasses.replace(problem, schedule=dataclasses.replace(problem.schedule, fused_if_saved=None))
+    stored = memory_profile(unfused, plan)
     steps = np.flatnonzero(stored.backward != fused.backward)
     assert len(steps) and stored.peak > fused.peak
     base, build = build_graph_model(problem)
