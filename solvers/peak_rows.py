@@ -333,7 +333,8 @@ class PeakRows:
                          for conj in self._reads_at(t, int(u), made_before, cache, fusion)]
             if w in fusion:  # stored where the plan saves none of its producers, else fused
                 fused_col, stored_col = fusion[w]
-                found = [[*conj, [(stored_col, 1.0)]] for conj in found] + [[*conj, [(fused_col, 1.0)]] for conj in fused]
+                found = ([[*conj, [(stored_col, 1.0)]] for conj in found]
+                         + [[*conj, [(fused_col, 1.0)]] for conj in fused])
             else:
                 found = fused
         cache[w] = found
