@@ -96,6 +96,36 @@ def _print_peak(title: str, timeline, top: int) -> None:
         print(f"    {phase:8s} {name:48s} {nbytes / MIB:9.1f} MiB")
 
 
+def alive_at_op(events: list[dict], op: str) -> tuple[int, list[dict], dict | None]:
+    """The most bytes alive at an allocation made by a line of generated code naming ``op``
+    (its library kernel's scratch and outputs), the blocks alive there, and that allocation."""
+    alive, total, most, at_most, which = {}, 0, 0, [], None
+    for e in events:
+        if e["action"] == "alloc":
+            alive[e["addr"]] = e
+            total += e["size"]
+            if op in source(e) and total > most:
+                most, at_most, which = total, list(alive.values()), e
+        elif e["action"] == "free_completed" and e["addr"] in alive:
+            total -= alive.pop(e["addr"])["size"]
+    return most, at_most, which
+
+
+def _print_at_op(events: list[dict], op: str, backend, top: int) -> None:
+    most, blocks, which = alive_at_op(events, op)
+    if which is None:
+        print(f"no line of generated code naming {op} allocated in the step")
+        return
+    print(f"at {op}: {most / MIB:.1f} MiB alive, set by {which['size'] / MIB:.1f} MiB at {where(which)}: {source(which)}")
+    for e in sorted(blocks, key=lambda e: -e["size"])[:top]:
+        print(f"{e['size'] / MIB:9.1f} MiB  {where(e)}  | {source(e)}")
+    for i, timeline in enumerate(backend.timelines):
+        steps = [(b, phase, name) for phase, name, b in timeline.steps if op in name]
+        if steps:
+            b, phase, name = max(steps)
+            print(f"graph {i}: simulated {b / MIB:.1f} MiB at its {phase} step {name} (the graph's own bytes)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=_model_names(), default="gpt")
@@ -105,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--time-limit", type=float, help="default: the planner's (so a zoo run's plans, kept in "
                         "$ACPLAN_CACHE_DIR, are the ones traced)")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--op", help="also print what is alive where a line of generated code naming this op "
+                        "allocates (the most at any such line), beside the simulation's step at that op")
     args = parser.parse_args(argv)
     base, batch = _model(args.model)
     model = copy.deepcopy(base)
@@ -133,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"set by {blocks[-1]['size'] / MIB:.1f} MiB at {where(blocks[-1])}: {source(blocks[-1])}")
     for e in sorted(blocks, key=lambda e: -e["size"])[: args.top]:
         print(f"{e['size'] / MIB:9.1f} MiB  {where(e)}  | {source(e)}")
+    if args.op:
+        _print_at_op(events, args.op, backend, args.top)
     simulated = Counter(nbytes for timeline in backend.timelines for _, _, nbytes in timeline.at_peak)
     traced = Counter(e["size"] for e in blocks)
     print("blocks by size at the peak, traced against simulated (allocator sizes are rounded up):")

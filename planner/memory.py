@@ -178,7 +178,7 @@ def _graphs_unchanged():
 
 
 def _empty_maps() -> tuple[dict, ...]:
-    return ({}, {}, {}, {}, {}, {}, {}, {}, {})
+    return ({}, {}, {}, {}, {}, {}, {}, {}, {}, {})
 
 
 def _seen_or_found(table: int, key: object, find):
@@ -388,7 +388,8 @@ def laid_out_for_replay(node: fx.Node) -> bool:
 
 def one_kernel(reading: list[fx.Node], far: Collection[fx.Node] = ()) -> bool:
     """The nodes ``reading`` a value all run in one kernel: one node, or one pointwise node and
-    reductions that are its persistent epilogues (:func:`persistent_epilogue`).
+    reductions that are its persistent epilogues (:func:`persistent_epilogue`), computed in one
+    kernel itself (:func:`_computed_once`).
 
     Inductor stores a value that several kernels read and that reads more than
     ``REALIZE_READS`` stored inputs; a buffer whose readers all end up in the kernel computing
@@ -398,7 +399,33 @@ def one_kernel(reading: list[fx.Node], far: Collection[fx.Node] = ()) -> bool:
     the scores, their row max and sum, the attention's gradient: 5 reads) was counted as a
     stored 192 MiB float32 buffer at budget 0 and never allocated (predicted 991 MiB, measured
     824)."""
-    return len({_kernel_end(reader, far) for reader in reading}) == 1
+    ends = {_kernel_end(reader, far) for reader in reading}
+    return len(ends) == 1 and (len(reading) == 1 or _computed_once(next(iter(ends)), far))
+
+
+def _computed_once(end: fx.Node, far: Collection[fx.Node] = (), depth: int = 4) -> bool:
+    """The kernel computing the expression of ``end``, where several readers of a value meet
+    (:func:`_kernel_end`), is one kernel: ``end`` is no pointwise value read by several kernels
+    that compute it, or is stored on reuse (:func:`stored_on_reuse`), or its readers meet again
+    in one such kernel (looked for ``depth`` times).
+
+    Inductor stores a value that several nodes read, past ``REALIZE_READS`` stored inputs, as it
+    lowers it, and drops the buffer only where every reader ends up in the kernel that computes
+    it. Readers that meet in a pointwise value inlined into several kernels read the buffer in
+    each. On an H100, Wav2Vec2's feature encoder at budget 0: a GELU's recomputed float32 input
+    (5 stored inputs, read by the three products of the GELU's gradient) met in the gradient,
+    which the GroupNorm backward's looped row sums and its pointwise output each compute: the
+    model had counted no buffer, inductor stored it (200 MiB at batch 8)."""
+    return _seen_or_found(9, (end, far, depth), lambda: _find_computed_once(end, far, depth))
+
+
+def _find_computed_once(end: fx.Node, far: Collection[fx.Node], depth: int) -> bool:
+    reading = readers(end)
+    if (end.op != "call_function" or not fusible(end) or len(reading) < 2 or not all(_leaves_unstored(r) for r in reading)
+            or stored_on_reuse(end)):
+        return True
+    ends = {_kernel_end(reader, far) for reader in reading}
+    return depth > 0 and len(ends) == 1 and _computed_once(next(iter(ends)), far, depth - 1)
 
 
 def _kernel_end(node: fx.Node, far: Collection[fx.Node] = (), depth: int = 8) -> fx.Node:
@@ -732,10 +759,12 @@ def _walked_producer(inp: fx.Node) -> fx.Node | None:
 
 
 def _inlined_producer(node: fx.Node) -> bool:
-    """A pointwise producer inductor computes inside the kernels reading it: they are one kernel,
-    or it is not stored on reuse (:func:`stored_on_reuse`)."""
+    """A pointwise producer whose expression inductor lowers inside the expressions reading it:
+    it has one reader, or is not stored on reuse (:func:`stored_on_reuse`). One that is, is one
+    stored input of its readers' expressions, whether or not the scheduler later drops its buffer
+    (its readers in one kernel: :func:`_inlined`): inductor counts a value's reads as it lowers it."""
     return (_walked_producer(node) is not None and not _heavy_reuse_on_cpu(node)
-            and (one_kernel(readers(node)) or not stored_on_reuse(node)))
+            and (len(readers(node)) < 2 or not stored_on_reuse(node)))
 
 
 # the ops whose reuse inductor stores on a CPU (StorageBox.should_realize_on_reuse's heavy ops)

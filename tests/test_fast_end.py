@@ -329,7 +329,7 @@ def test_budget_zero_keeps_only_the_polish_saves_that_leave_the_predicted_peak_w
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     forget_decisions()
     # a GPT wide enough that its greedy budget-0 plan leaves recomputed values worth saving
-    model, inputs = gpt_example(GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab=128, batch=2, dropout=0.1))
+    model, inputs = gpt_example(GPTConfig(n_layer=3, d_model=64, n_head=4, seq_len=32, vocab=128, batch=2, dropout=0.1))
     joint = capture(model, as_inputs(inputs), codegen="inductor")
     graph_plan = solve_graph(joint, PlannerConfig(memory_budget=0.0, solver="greedy"))
     problem, decision = graph_plan.problem, graph_plan.decision

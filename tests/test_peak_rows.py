@@ -67,9 +67,9 @@ def test_memory_rows_count_a_copy_fused_where_the_plan_saves_a_producer_that_let
 
 
 def test_memory_rows_count_a_real_graphs_copies_fused_where_its_plan_saves_their_producers():
-    # the test GPT's plan that saves each block's input: inductor computes the normalised inputs
-    # inside their readers (Schedule.fused_if_saved), which the profile counts; so do the rows,
-    # at every step where counting those copies stored would say more
+    # the test GPT's frugal plan, which saves block inputs: inductor computes normalised inputs
+    # recomputed in those blocks inside their readers (Schedule.fused_if_saved), which the
+    # profile counts; so do the rows, at every step where counting those copies stored differs
     import planner
     from estimators import get_estimator
     from planner.build import build_problem
@@ -83,7 +83,7 @@ def test_memory_rows_count_a_real_graphs_copies_fused_where_its_plan_saves_their
     unfused = dataclasses.replace(problem, schedule=dataclasses.replace(problem.schedule, fused_if_saved=None))
     stored = memory_profile(unfused, plan)
     steps = np.flatnonzero(stored.backward != fused.backward)
-    assert len(steps) and stored.peak > fused.peak
+    assert (stored.backward[steps] > fused.backward[steps]).any()
     base, build = build_graph_model(problem)
     rows, unit, span = PeakRows(problem, base), memory_unit(problem), 2.0 * stored.peak
     for t in steps.tolist():
