@@ -552,9 +552,15 @@ def input_copy_bytes(node: fx.Node, fuse: bool, far: Collection[fx.Node] = (),
     has not stored (a pointwise value whose readers, other than the graph's output, do not store
     it; ``within``, where given, the readers that count), laid out dense. A value the graph also
     returns is stored for the output after its readers are lowered, so they still copy it."""
+    return sum(input_copies(node, fuse, far, within))
+
+
+def input_copies(node: fx.Node, fuse: bool, far: Collection[fx.Node] = (),
+                 within: Collection[fx.Node] | None = None) -> list[int]:
+    """The bytes of each copy :func:`input_copy_bytes` counts, in input order."""
     if not fuse or not copies_inputs(node):
-        return 0
-    total, seen = 0, set()
+        return []
+    sizes, seen = [], set()
     for inp in node.all_input_nodes:
         root = storage_root(inp)
         val = inp.meta.get("val")
@@ -563,8 +569,8 @@ def input_copy_bytes(node: fx.Node, fuse: bool, far: Collection[fx.Node] = (),
         reading = [r for r in readers(root) if r.op != "output" and (within is None or r in within)]
         if _inlined(root, reading, far):
             seen.add(root)
-            total += val.numel() * val.element_size()
-    return total
+            sizes.append(val.numel() * val.element_size())
+    return sizes
 
 
 def epilogue_reduction(node: fx.Node, reading: list[fx.Node]) -> bool:
@@ -1758,22 +1764,53 @@ class _Walk:
                     self._leave(old, self.clock)
                     self.values.pop((phase, node.name), None)  # written in place: no storage of its own
                     self.in_place.add((phase, node.name))
+            copying = 0  # bytes alive once the copies of the library kernel's inputs are made
+            if copies := input_copies(node, self.fuse, self.far):  # made for this kernel alone
+                made_copies = (phase, node.name, "input copies")
+                self.size[made_copies] = sum(copies)
+                arrive(made_copies, k)
+                copying, due[k] = self._copied_only(node, keys, due.get(k, []), copies, made_copies)
             for key in made[node]:
                 arrive(key, k)
             if scratch := workspace_bytes(node, self.fuse):  # alive while the library kernel runs
                 self.size[(phase, node.name, "workspace")] = scratch
                 arrive((phase, node.name, "workspace"), k)
-            if copies := input_copy_bytes(node, self.fuse, self.far):  # made for this kernel alone
-                self.size[(phase, node.name, "input copies")] = copies
-                arrive((phase, node.name, "input copies"), k)
             if node.op == "call_function":
-                self.steps.append((phase, node.name, self.total))
-                if self.total > self.peak:
-                    self.peak, self.peak_step = self.total, self.clock
+                total = max(self.total, copying)
+                self.steps.append((phase, node.name, total))
+                if total > self.peak:
+                    self.peak, self.peak_step = total, self.clock
             for key in due.pop(k, ()):
                 self._leave(key, self.clock + 1)
             self.clock += 1
         self.keys.update(keys)
+
+    def _copied_only(self, node: fx.Node, keys: dict, ending: list, copies: list[int],
+                     made: tuple) -> tuple[int, list]:
+        """Free the storages of ``ending`` (those read last at ``node``'s step) that ``node``
+        reads only through the ``copies`` of its inputs (their bytes, stored as ``made``), as
+        those copies are made; return the bytes alive while they are made, and the rest of
+        ``ending`` (``node``'s own inputs, which end after it).
+
+        Inductor frees a buffer after the last kernel reading it, and the copy kernels run
+        before the library kernel allocates its outputs and scratch; a copy kernel writes into a
+        storage of its size that it reads last, as any generated kernel may (:meth:`_reused`).
+        On an H100, Whisper's attention backward at budget 0 read copies of the recomputed query,
+        key and value, whose projections were freed before the call: 35 MiB the model had counted
+        alive through it (predicted 385.9 MiB, traced 359.0)."""
+        own = {made, *(key for inp in node.all_input_nodes for key in keys.get(inp, ()))}
+        dying = [key for key in ending if key not in own and key in self.live]
+        writable = [key for key in dying if key not in self.tangents and key not in self.undonated]
+        reused = 0
+        for size in copies:
+            into = next((key for key in writable if self.size[key] == size), None)
+            if into is not None:
+                writable.remove(into)
+                reused += size
+        copying = self.total - reused
+        for key in dying:
+            self._leave(key, self.clock)
+        return copying, [key for key in ending if key not in dying]
 
     def _leave(self, key: object, step: int) -> None:
         if key in self.live:

@@ -989,6 +989,41 @@ def test_fused_attention_copies_a_mask_inductor_has_not_stored(reads):
     assert len(buffers) == (2 if reads == 1 else 1), code
 
 
+def _attention_over_a_product(q, x, w):
+    s = torch.bmm(x, w)  # read only by the attention's mask, which inductor copies for the attention
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=(s * 0.5).view(2, 4, 64, 64))
+    return out.sum(), q
+
+
+def test_a_value_read_only_through_a_library_kernels_input_copy_is_freed_before_the_call():
+    """The copy of a fused attention's unstored mask is made before the attention runs, by a
+    kernel that reads the product last and writes into its storage: at the attention, the
+    product is gone and the copy holds its bytes, beside the attention's outputs. Inductor's
+    code frees the product's buffer before the call."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+
+    from planner.memory import input_copy_bytes
+
+    q, x, w = torch.randn(2, 4, 64, 32), torch.randn(8, 64, 16), torch.randn(8, 16, 64)
+    forward = _traced(_attention_over_a_product, q, x, w)
+    backward = _traced(lambda q, t: q * t, q, torch.ones(()))
+    steps = {name: nbytes for phase, name, nbytes in simulate(forward, backward, 1, fuse=True).steps if phase == "forward"}
+    attention = next(n for n in forward.graph.nodes if "scaled_dot_product" in str(n.target))
+    outputs = sum(v.numel() * v.element_size() for v in attention.meta["val"])
+    product = x.shape[0] * x.shape[1] * w.shape[2] * 4
+    assert input_copy_bytes(attention, fuse=True) == product and steps["bmm"] == product
+    assert steps[attention.name] == product + outputs  # the copy and the outputs; the product is gone
+
+    torch._dynamo.reset()
+    _, (code, *_) = run_and_get_code(torch.compile(_attention_over_a_product, backend="inductor"), q, x, w)
+    lines = code.splitlines()
+    (made,) = re.findall(r"extern_kernels\.bmm\(.*out=(buf\d+)\)", code)
+    freed = next(k for k, line in enumerate(lines) if re.search(rf"\bdel {made}\b", line))
+    called = next(k for k, line in enumerate(lines) if "scaled_dot_product" in line and "attn_mask=" in line)
+    assert freed < called, code
+
+
 def test_the_timeline_names_the_saved_values_alive_at_its_peak():
     """``saved_at_peak``: the forward's saved values among the storages alive at the peak step
     (the budget-0 check drops those of the polish's saves first)."""
