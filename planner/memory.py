@@ -359,11 +359,21 @@ def _looked_through(node: fx.Node, depth: int) -> dict[fx.Node, int]:
 
 def _leaf_reads_stopped_at(node: fx.Node, stop: fx.Node | None, depth: int) -> set[fx.Node]:
     """:func:`_leaf_reads` of ``node``, with ``stop`` (if any) read as a stored input (saved);
-    the producers whose walk does not reach ``stop`` give their own, memoised."""
+    the producers whose walk does not reach ``stop`` give their own, memoised. A view of ``stop``
+    is an input of its own: the emitter hands a view of a saved value to the backward as it is
+    (:func:`planner.emit._view_of_kept`), and inductor counts each input it loads. On the CPU
+    capture of Wav2Vec2's feature encoder with GPU rules, a GroupNorm's float32 GELU input read
+    its saved ``rstd * weight`` and a view of it: five stored inputs in the emitted backward,
+    where the walk had counted four and the schedule its copy fused once that product is saved
+    (the plan the solver found least at 401.5 MiB simulated at 600.9; inductor stored the copy,
+    200 MiB, on an H100)."""
     leaves: set[fx.Node] = set()
     for inp in node.all_input_nodes:
         producer = storage_root(inp)
         if reads_nothing(producer):
+            continue
+        if stop is not None and producer is stop:
+            leaves.add(inp)
             continue
         if producer is not stop and depth > 0 and _inlined_producer(producer):
             if stop is not None and stop in _looked_through(producer, depth - 1):

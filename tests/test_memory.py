@@ -989,6 +989,36 @@ def test_fused_attention_copies_a_mask_inductor_has_not_stored(reads):
     assert len(buffers) == (2 if reads == 1 else 1), code
 
 
+def _affine_norm(x, w, b, g):
+    """A norm's affine output as the decomposition has it: the row scale ``rstd * w`` read
+    directly (in the shift) and through a view; read by kernels apart."""
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True)
+    scale = torch.rsqrt(var + 1e-5) * w
+    normed = (x * scale.view(x.shape[0], x.shape[1]).unsqueeze(-1) + (b - mean * scale)).float()
+    return (normed * g).sum(0), normed.sum(-1), (normed * normed).amax(0)
+
+
+def test_a_view_of_a_saved_producer_is_its_own_stored_input():
+    """The emitter hands a view of a saved value to the backward as an input of its own, and
+    inductor counts each input it loads: with the scale saved, the normalised value reads the
+    input, the row mean, the shift's bias, the scale and the view of it, five stored inputs, so
+    saving the scale does not let inductor compute its copy inside its readers (the producers
+    that do, sub and add_1, are still named). On Wav2Vec2's feature encoder the schedule had
+    counted four and the copy fused once the scale was saved: 200 MiB under the simulation."""
+    from planner.memory import _OWN_DEPTH, _leaf_reads_stopped_at, inlined_once_saved, readers
+
+    args = [torch.randn(4, 8, 256, dtype=torch.bfloat16), torch.randn(8, 1, dtype=torch.bfloat16),
+            torch.randn(8, 1, dtype=torch.bfloat16), torch.randn(4, 8, 256)]
+    gm = _traced(_affine_norm, *args)
+    normed = next(n for n in gm.graph.nodes if n.target is aten._to_copy.default)
+    scale = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor and tuple(n.meta["val"].shape) == (4, 8, 1))
+    view = next(n for n in gm.graph.nodes if n.target is aten.unsqueeze.default)
+    leaves = _leaf_reads_stopped_at(normed, scale, _OWN_DEPTH)
+    assert scale in leaves and view in leaves and len(leaves) == 5
+    named = inlined_once_saved(normed, readers(normed))
+    assert named and scale not in named
+
+
 def _attention_over_a_product(q, x, w):
     s = torch.bmm(x, w)  # read only by the attention's mask, which inductor copies for the attention
     out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=(s * 0.5).view(2, 4, 64, 64))
