@@ -430,12 +430,27 @@ def _computed_once(end: fx.Node, far: Collection[fx.Node] = (), depth: int = 4) 
 
 
 def _find_computed_once(end: fx.Node, far: Collection[fx.Node], depth: int) -> bool:
-    reading = readers(end)
+    # in a joint graph, the backward's readers load the saved value or compute a copy of their
+    # own: the forward's kernels are those of the forward's readers (on a CPU, DeBERTa's softmax
+    # exp, its row sum and division meeting in the probabilities the backward reads too, had
+    # been counted stored, 192 MiB a layer, and the least peak planned rose from 516 to 686 MiB)
+    phase = _tagged_backward(end)
+    reading = [r for r in readers(end) if _tagged_backward(r) == phase]
     if (end.op != "call_function" or not fusible(end) or len(reading) < 2 or not all(_leaves_unstored(r) for r in reading)
             or stored_on_reuse(end)):
         return True
     ends = {_kernel_end(reader, far) for reader in reading}
+    if len(ends) > 1 and _side_by_side(ends):
+        return True
     return depth > 0 and len(ends) == 1 and _computed_once(next(iter(ends)), far, depth - 1)
+
+
+def _side_by_side(ends: Collection[fx.Node]) -> bool:
+    """Pointwise values of one size reading a common input: inductor fuses their kernels into one
+    (on a CPU, a softmax's probabilities read by two products came out as one kernel that
+    stores both products and not the exp)."""
+    sizes = {n.meta["val"].numel() if isinstance(n.meta.get("val"), torch.Tensor) else None for n in ends}
+    return all(n.op == "call_function" and fusible(n) for n in ends) and len(sizes) == 1 and None not in sizes
 
 
 def _kernel_end(node: fx.Node, far: Collection[fx.Node] = (), depth: int = 8) -> fx.Node:
@@ -514,7 +529,11 @@ def persistent_epilogue(node: fx.Node, far: Collection[fx.Node] = ()) -> bool:
 
 
 def _is_persistent_epilogue(node: fx.Node, far: Collection[fx.Node]) -> bool:
-    if node.op != "call_function" or node in far or not epilogue_reduction(node, readers(node)):
+    # a reduction the graph also returns (saved for a backward) is stored for it, and still
+    # computed in its reader's kernel: on a CPU, DeBERTa's softmax at budget 0 saved its row sum,
+    # and inductor computed the exp, the sum and the division in one kernel, where the model had
+    # stored the float32 exp (192 MiB a layer) for two kernels
+    if node.op != "call_function" or node in far or not epilogue_reduction(node, [r for r in readers(node) if r.op != "output"]):
         return False
     source, dims = node.args[0], node.args[1] if len(node.args) > 1 else None
     val = source.meta.get("val") if isinstance(source, fx.Node) else None
@@ -1691,6 +1710,10 @@ def _outputs(gm: fx.GraphModule, raw: bool = False) -> list:
     out = next(iter(gm.graph.find_nodes(op="output"))).args[0]
     items = list(out) if isinstance(out, (list, tuple)) else [out]
     return items if raw else [o for o in items if isinstance(o, fx.Node)]
+
+
+def _tagged_backward(node: fx.Node) -> bool:
+    return node.meta.get("partitioner_tag") == "is_backward"
 
 
 def _fused_into_producer(node: fx.Node) -> bool:

@@ -989,6 +989,67 @@ def test_fused_attention_copies_a_mask_inductor_has_not_stored(reads):
     assert len(buffers) == (2 if reads == 1 else 1), code
 
 
+def _softmax_saving_its_sum(x, keep):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    total = e.sum(-1, keepdim=True)  # returned too, as a saved value is
+    return (e / total * keep).to(torch.bfloat16), total
+
+
+def test_a_row_sum_the_graph_returns_is_still_computed_in_its_readers_kernel():
+    """A row sum that the graph also returns (saved for the backward) is stored for the output,
+    and inductor still computes it in the kernel of the division reading it: the exp both read is
+    computed there too, never stored. Inductor's CPU code, read here, has no exp-sized buffer."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+    from planner.memory import readers, stored_bytes
+
+    args = [torch.randn(2, 4, 128, 128), torch.rand(2, 4, 128, 128) > 0.1]
+    gm = _traced(_softmax_saving_its_sum, *args)
+    exp = next(n for n in gm.graph.nodes if n.target is aten.exp.default)
+    total = next(n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList)
+    assert stored_bytes(exp, readers(exp), fuse=True) == 0 and stored_bytes(total, readers(total), fuse=True) > 0
+
+    torch._dynamo.reset()
+    _, (code, *_) = run_and_get_code(torch.compile(_softmax_saving_its_sum, backend="inductor"), *args)
+    assert not re.findall(r"empty_strided_cpu\(\(2, 4, 128, 128\), \([^)]*\), torch\.float32\)", code), code
+
+
+def _softmax_read_twice(x, keep, g, column):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    p = e / e.sum(-1, keepdim=True)
+    other = p * g
+    return p * keep, other.sum(0) if column else other  # in a joint graph, the second is the backward's
+
+
+@pytest.mark.parametrize("column", [False, True])
+def test_readers_meet_in_one_kernel_of_their_own_phase(column):
+    """A forward value's readers that meet in the probabilities are one forward kernel, whatever
+    the backward reads of the probabilities (it loads them saved, or computes a copy of its own).
+    Read by two products of their size, the probabilities are computed in one kernel, which
+    inductor fuses from the two; read by a product and a column sum, in two, and the exp (stored
+    as it is lowered on a CPU) keeps its buffer. Inductor's CPU code, read here, agrees."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+    from planner.memory import readers, stored_bytes
+
+    args = [torch.randn(2, 4, 64, 64), torch.rand(2, 4, 64, 64) > 0.1, torch.randn(2, 4, 64, 64), column]
+    gm = _traced(_softmax_read_twice, *args)
+    exp = next(n for n in gm.graph.nodes if n.target is aten.exp.default)
+    size = 2 * 4 * 64 * 64 * 4
+    assert stored_bytes(exp, readers(exp), fuse=True) == (size if column else 0)
+
+    torch._dynamo.reset()
+    _, (code, *_) = run_and_get_code(torch.compile(_softmax_read_twice, backend="inductor"), *args)
+    made = len(re.findall(r"empty_strided_cpu\(\(2, 4, 64, 64\), \([^)]*\), torch\.float32\)", code))
+    outputs = 1 if column else 2  # of the exp's size: the products the graph returns
+    assert made - outputs == (1 if column else 0), code  # and the exp where two kernels read it
+
+    product = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor and n.args[1] is list(gm.graph.nodes)[2])
+    for node in [product, *product.users]:  # tagged as AOTAutograd tags the backward's nodes
+        node.meta["partitioner_tag"] = "is_backward"
+    assert stored_bytes(exp, readers(exp), fuse=True) == 0
+
+
 def _affine_norm(x, w, b, g):
     """A norm's affine output as the decomposition has it: the row scale ``rstd * w`` read
     directly (in the shift) and through a view; read by kernels apart."""
