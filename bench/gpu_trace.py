@@ -61,16 +61,22 @@ def _model_names() -> list[str]:
 def alive_at_peak(events: list[dict]) -> tuple[int, list[dict], int]:
     """The traced peak, the blocks alive there in allocation order (the last one set the peak),
     and the index of the event that reached it."""
-    alive, total, peak, at_peak, where_k = {}, 0, 0, [], 0
+    return _most_alive(events, lambda e: True)
+
+
+def _most_alive(events: list[dict], counted) -> tuple[int, list[dict], int]:
+    """The most bytes alive at an allocation that ``counted`` accepts, the blocks alive there in
+    allocation order, and that allocation's index (0 where there is none)."""
+    alive, total, most, at_most, where_k = {}, 0, 0, [], 0
     for k, e in enumerate(events):
         if e["action"] == "alloc":
             alive[e["addr"]] = e
             total += e["size"]
+            if total > most and counted(e):
+                most, at_most, where_k = total, list(alive.values()), k
         elif e["action"] == "free_completed" and e["addr"] in alive:
             total -= alive.pop(e["addr"])["size"]
-        if total > peak:
-            peak, at_peak, where_k = total, list(alive.values()), k
-    return peak, at_peak, where_k
+    return most, at_most, where_k
 
 
 def _own_frames(event: dict) -> list[dict]:
@@ -99,16 +105,8 @@ def _print_peak(title: str, timeline, top: int) -> None:
 def alive_at_op(events: list[dict], op: str) -> tuple[int, list[dict], dict | None]:
     """The most bytes alive at an allocation made by a line of generated code naming ``op``
     (its library kernel's scratch and outputs), the blocks alive there, and that allocation."""
-    alive, total, most, at_most, which = {}, 0, 0, [], None
-    for e in events:
-        if e["action"] == "alloc":
-            alive[e["addr"]] = e
-            total += e["size"]
-            if op in source(e) and total > most:
-                most, at_most, which = total, list(alive.values()), e
-        elif e["action"] == "free_completed" and e["addr"] in alive:
-            total -= alive.pop(e["addr"])["size"]
-    return most, at_most, which
+    most, blocks, k = _most_alive(events, lambda e: op in source(e))
+    return most, blocks, events[k] if blocks else None
 
 
 def _print_at_op(events: list[dict], op: str, backend, top: int) -> None:

@@ -375,7 +375,7 @@ def _leaf_reads_stopped_at(node: fx.Node, stop: fx.Node | None, depth: int) -> s
         if stop is not None and producer is stop:
             leaves.add(inp)
             continue
-        if producer is not stop and depth > 0 and _inlined_producer(producer):
+        if depth > 0 and _inlined_producer(producer):
             if stop is not None and stop in _looked_through(producer, depth - 1):
                 leaves |= _leaf_reads_stopped_at(producer, stop, depth - 1)
             else:
@@ -1724,7 +1724,7 @@ def _fused_into_producer(node: fx.Node) -> bool:
     after its inputs: :class:`planner.graph.JointGraph`); counted there, its inputs stayed alive
     through the whole forward (T5 at batch 16, PyTorch's split on an H200: predicted 2.408 GiB,
     measured 2.244; inductor stored the masks with the kernels of their layers)."""
-    return (node.meta.get("partitioner_tag") == "is_backward" and bool(node.all_input_nodes)
+    return (_tagged_backward(node) and bool(node.all_input_nodes)
             and (fusible(node) or aliased_input(node) is not None))
 
 
