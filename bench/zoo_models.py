@@ -458,6 +458,73 @@ def _wav2vec2(size: str):
     return _Waveform(Wav2Vec2ForCTC(cfg)), (torch.randn(batch, samples), torch.randint(1, 32, (batch, targets)))
 
 
+class _Segmenter(_CausalLM):
+    """A transformers segmentation model as ``(pixel_values, labels) -> loss`` (per-pixel labels)."""
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values, labels=labels).loss
+
+
+def _segformer(size: str):
+    """Attention over keys reduced by strided convolutions, depthwise-convolution MLPs, four
+    stages, and an all-MLP decoder whose logits are upsampled (bilinear) to the labels' pixels."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    if size == "bench":
+        cfg, batch, image = SegformerConfig(num_labels=150), 16, 512
+    else:
+        cfg = SegformerConfig(num_labels=5, hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1],
+                              num_attention_heads=[1, 1, 2, 2], decoder_hidden_size=16)
+        batch, image = 2, 64
+    labels = torch.randint(0, cfg.num_labels, (batch, image, image))
+    return _Segmenter(SegformerForSemanticSegmentation(cfg)), (torch.randn(batch, 3, image, image), labels)
+
+
+def _convbert(size: str):
+    """Mixed attention: half the heads self-attention, half span-based dynamic convolutions (kernels
+    computed per token, applied through ``unfold``); dropout 0.1."""
+    from transformers import ConvBertConfig, ConvBertForMaskedLM
+
+    layers, d, heads, seq, batch, vocab = (6, 768, 12, 512, 16, 8192) if size == "bench" else (2, 64, 4, 32, 2, 128)
+    cfg = ConvBertConfig(num_hidden_layers=layers, hidden_size=d, embedding_size=d, num_attention_heads=heads,
+                         intermediate_size=4 * d, max_position_embeddings=seq, vocab_size=vocab)
+    return _CausalLM(ConvBertForMaskedLM(cfg)), _tokens(batch, seq, vocab)
+
+
+def _funnel(size: str):
+    """Blocks that pool the sequence (halving it), relative attention, and a decoder that
+    upsamples back to every token; dropout 0.1."""
+    from transformers import FunnelConfig, FunnelForMaskedLM
+
+    blocks, d, heads, seq, batch, vocab = ([2, 2, 2], 768, 12, 512, 16, 8192) if size == "bench" else ([1, 1], 64, 4, 32, 2, 128)
+    cfg = FunnelConfig(block_sizes=blocks, d_model=d, n_head=heads, d_head=d // heads, d_inner=4 * d, vocab_size=vocab)
+    return _CausalLM(FunnelForMaskedLM(cfg)), _tokens(batch, seq, vocab)
+
+
+class _MaskedImage(_CausalLM):
+    """A transformers masked-image model as ``(pixel_values, noise) -> loss``: the noise that
+    picks the masked patches is an input, so every run masks the same ones."""
+
+    def forward(self, pixel_values: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values, noise=noise).loss
+
+
+def _vitmae(size: str):
+    """A masked autoencoder: 75% of the patches dropped by sorting noise (``argsort``, ``gather``),
+    an encoder over the rest and a decoder over all, loss on the masked pixels."""
+    from transformers import ViTMAEConfig, ViTMAEForPreTraining
+
+    if size == "bench":
+        cfg, batch, image = ViTMAEConfig(num_hidden_layers=6), 64, 224
+    else:
+        cfg = ViTMAEConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                           image_size=32, patch_size=8, decoder_hidden_size=32, decoder_num_hidden_layers=1,
+                           decoder_num_attention_heads=2, decoder_intermediate_size=64)
+        batch, image = 2, 32
+    patches = (image // cfg.patch_size) ** 2
+    return _MaskedImage(ViTMAEForPreTraining(cfg)), (torch.randn(batch, 3, image, image), torch.rand(batch, patches))
+
+
 def _timm(arch: str, bench_batch: int, tiny: dict, tiny_arch: str | None = None):
     """``arch`` at the bench size; at the tiny size ``tiny_arch`` (the same family, smaller) or
     ``arch`` itself, built with the ``tiny`` keywords."""
@@ -605,6 +672,20 @@ MODELS: dict[str, ZooModel] = {
                       "d 768, 12 heads, seq 512, batch 8, vocab 8192"),
     "wav2vec2": ZooModel(_wav2vec2, "transformers", "Wav2Vec2ForCTC (convolutional feature encoder, CTC loss), 6 layers, "
                          "d 768, 4 s of 16 kHz audio, batch 8"),
+    # an eleventh round, measured before any change for them
+    "segformer": ZooModel(_segformer, "transformers", "SegformerForSemanticSegmentation (MiT-b0, reduced-key attention, "
+                          "upsampled logits), 512 pixels, 150 classes, batch 16"),
+    "convbert": ZooModel(_convbert, "transformers", "ConvBertForMaskedLM (span-based dynamic convolution), 6 layers, "
+                         "d 768, 12 heads, seq 512, batch 16, vocab 8192, dropout 0.1"),
+    "funnel": ZooModel(_funnel, "transformers", "FunnelForMaskedLM (sequence pooled per block, upsampled), 3 blocks of 2 "
+                       "layers, d 768, 12 heads, seq 512, batch 16, vocab 8192, dropout 0.1"),
+    "vitmae": ZooModel(_vitmae, "transformers", "ViTMAEForPreTraining (75% of patches masked), 6 encoder layers, "
+                       "d 768, decoder 8 layers of 512, batch 64"),
+    "maxvit": ZooModel(_timm("maxvit_tiny_rw_224", 64, {"img_size": 64}, tiny_arch="maxvit_nano_rw_256"), "timm",
+                       "maxvit_tiny_rw_224 (MBConv, block and grid attention), batch 64"),
+    "vgg": ZooModel(_timm("vgg16_bn", 32, {}, tiny_arch="vgg11_bn"), "timm", "vgg16_bn (BatchNorm, in-place ReLU), batch 32"),
+    "mobilevit": ZooModel(_timm("mobilevit_s", 128, {"img_size": 64}, tiny_arch="mobilevit_xxs"), "timm",
+                          "mobilevit_s (convolutions, then attention over unfolded patches), batch 128"),
 }
 
 
