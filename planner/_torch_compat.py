@@ -24,6 +24,7 @@ __all__ = [
     "inductor_compile",
     "inductor_layout_opt",
     "inductor_calls_library",
+    "inductor_scatters_index_put",
     "inductor_fixes_layout",
     "storage_weakref",
     "tangents_held_through_backward",
@@ -569,6 +570,22 @@ def inductor_calls_library(target: Any) -> bool:
 
     convolutions = (torch.ops.aten.convolution.default, torch.ops.aten._convolution.default)
     return target in lowering.fallbacks or target not in lowering.lowerings or target in convolutions
+
+
+def inductor_scatters_index_put(dtype: torch.dtype, accumulate: bool) -> bool:
+    """Inductor lowers an ``index_put`` into a buffer of ``dtype`` to its own scatter kernel, which
+    loads the values where it stores them (``index_put_impl_``: their pointwise expression is
+    computed there), rather than falling back to ATen's kernel, which reads them stored: it falls
+    back under deterministic algorithms and for an atomic add Triton cannot generate
+    (``needs_fallback_due_to_atomic_add_limitations``: int64, bool, bfloat16 before Hopper)."""
+    if torch.are_deterministic_algorithms_enabled():
+        return False
+    if not accumulate:
+        return True
+    from torch._inductor import utils
+
+    limited = getattr(utils, "needs_fallback_due_to_atomic_add_limitations", None)
+    return limited is not None and not limited(dtype)
 
 
 def online_softmax(device_type: str) -> bool:

@@ -366,9 +366,16 @@ def _leaf_reads_stopped_at(node: fx.Node, stop: fx.Node | None, depth: int) -> s
     its saved ``rstd * weight`` and a view of it: five stored inputs in the emitted backward,
     where the walk had counted four and the schedule its copy fused once that product is saved
     (the plan the solver found least at 401.5 MiB simulated at 600.9; inductor stored the copy,
-    200 MiB, on an H100)."""
+    200 MiB, on an H100).
+
+    A load at computed indices (:data:`_LOADS`) reads its stored operand once per load: inductor
+    counts each load of a buffer at an index of its own (``nontrivial_read_count``), so the load
+    stands for its operand's read. transformers' attention masks index one padding mask twice
+    (by query and by key position): on an H100, GPT-2's mask, read by its fused attentions, was
+    counted as reading one stored input and so copied by each attention, where inductor stored it
+    (16 MiB at batch 8) for reading two."""
     leaves: set[fx.Node] = set()
-    for inp in node.all_input_nodes:
+    for k, inp in enumerate(node.all_input_nodes):
         producer = storage_root(inp)
         if reads_nothing(producer):
             continue
@@ -381,7 +388,7 @@ def _leaf_reads_stopped_at(node: fx.Node, stop: fx.Node | None, depth: int) -> s
             else:
                 leaves |= _leaf_reads(producer, depth - 1)
             continue
-        leaves.add(producer)
+        leaves.add(node if k == 0 and node.target in _LOADS else producer)
     return leaves
 
 
@@ -1451,15 +1458,23 @@ def _tags(node: fx.Node) -> list:
 
 
 def fusible(node: fx.Node) -> bool:
-    """A pointwise op, a cast, or a constant factory (``iota``, ``full``, ``scalar_tensor``...):
-    inductor generates its code inside fused kernels (a constant reads no memory there)."""
+    """A pointwise op, a cast, a constant factory (``iota``, ``full``, ``scalar_tensor``...), or a
+    load at computed indices (``gather``, ``embedding``, ``index``: :data:`_LOADS`): inductor
+    generates its code inside fused kernels (a constant reads no memory there; a load reads its
+    operand through the indices where its reader needs it). Inductor lowers each load to a
+    pointwise node (``Pointwise.create``), so it is stored only by the rules every pointwise value
+    follows: on an H100, SegFormer's bilinear upsampling of its logits (four ``_unsafe_index``
+    loads of the 128 x 128 logits, 16 x 150 x 512 x 512 each in float32) was counted stored,
+    2.3 GiB each, where inductor computes the loads in the kernel that interpolates between them
+    (budget 1.0 predicted 11.806 GiB against 5.655 measured)."""
     return _fusible_target(node.target)
 
 
 @lru_cache(maxsize=None)
 def _fusible_target(target: object) -> bool:
     tags = target.tags if isinstance(target, torch._ops.OpOverload) else []
-    return torch.Tag.pointwise in tags or target in _CASTS or target in _CONSTANTS or str(target) in _LOWERED_POINTWISE
+    return (torch.Tag.pointwise in tags or target in _CASTS or target in _CONSTANTS or target in _LOADS
+            or str(target) in _LOWERED_POINTWISE)
 
 
 def constant_inlined(node: fx.Node) -> bool:
@@ -1504,7 +1519,28 @@ def fuses_producers(node: fx.Node) -> bool:
     model had stored each half first (24 MiB each; budget 0 measured 0.337 GiB against 0.319
     predicted, and 0.340 against 0.338 once the halves were fused)."""
     return (generated(node) or node.target in _INDEXING or node.target is torch.ops.aten.cat.default
-            or node.target in _VIEW_SCATTERS)
+            or node.target in _VIEW_SCATTERS or scatters_values(node))
+
+
+def scatters_values(node: fx.Node) -> bool:
+    """``node`` is an ``index_put`` inductor lowers to its scatter kernel, which computes the
+    values' pointwise expression where it stores them (:func:`planner._torch_compat.inductor_scatters_index_put`;
+    boolean indices fall back to ATen's kernel, which reads them stored). Its base is copied into
+    its own buffer first, by a kernel that computes a pointwise base (the zeros of a gather's or an
+    upsampling's backward) where it writes it. On an H100, SegFormer's bilinear upsampling
+    backward scatters four weighted copies of the logits' gradient (16 x 150 x 512 x 512, float32)
+    into the 128 x 128 logits' gradient; three were counted stored (2.3 GiB each)."""
+    if node.target not in _INDEX_PUTS or not isinstance(node.meta.get("val"), torch.Tensor):
+        return False
+    at = _INDEX_PUTS[node.target]  # where its indices are, and whether it always accumulates
+    indices = node.args[at] if len(node.args) > at else node.kwargs.get("indices", ())
+    if any(isinstance(i, fx.Node) and getattr(i.meta.get("val"), "dtype", None) in (torch.bool, torch.uint8)
+           for i in indices):
+        return False
+    accumulate = at == 2 or (node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False))
+    from planner._torch_compat import inductor_scatters_index_put
+
+    return inductor_scatters_index_put(node.meta["val"].dtype, bool(accumulate))
 
 
 def _factory(node: fx.Node) -> bool:
@@ -1530,7 +1566,8 @@ _RNG_WRAPPERS = frozenset({"run_with_rng_state", "run_and_save_rng_state"})  # p
 CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
 # indexing ops inductor lowers to pointwise loads at computed indices (the scatters below write a buffer)
 _LOADS = (torch.ops.aten.gather.default, torch.ops.aten.embedding.default, torch.ops.aten.index.Tensor,
-          torch.ops.aten._unsafe_index.Tensor)
+          torch.ops.aten._unsafe_index.Tensor,
+          *((torch.ops.aten._unsafe_masked_index.default,) if hasattr(torch.ops.aten, "_unsafe_masked_index") else ()))
 _INDEXING = (*_LOADS, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter.src, torch.ops.aten.scatter.value)
 # A slice or select scattered into a base: inductor lowers it to one kernel choosing, at each
 # index, the source or the base, both loaded where they are read, so a pointwise base or source
@@ -1542,6 +1579,11 @@ _INDEXING = (*_LOADS, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter
 # copying the scatter's output for each of the two batched products reading it (96 MiB each),
 # copies the memory model does not count.
 _VIEW_SCATTERS = (torch.ops.aten.slice_scatter.default, torch.ops.aten.select_scatter.default)
+# index_put and its forms, each with the place of its indices (2: a masked put, which accumulates);
+# the masked forms (a torch 2.13 embedding's backward) exist on newer torch only
+_INDEX_PUTS = {torch.ops.aten.index_put.default: 1, torch.ops.aten._unsafe_index_put.default: 1,
+               **({torch.ops.aten._unsafe_masked_index_put_accumulate.default: 2}
+                  if hasattr(torch.ops.aten, "_unsafe_masked_index_put_accumulate") else {})}
 
 
 def convolutions_laid_out(nodes: list[fx.Node]) -> bool:

@@ -1791,20 +1791,21 @@ def test_a_recomputed_layer_norm_reads_its_saved_input_inside_its_readers():
     problem = build_problem(joint, get_estimator("flops"), fuse=True)
     s, rows = problem.schedule, problem.schedule.fused_if_saved
     by_name = {node.name: node for node in joint.graph.nodes}
-    plan = reference_plan(problem)  # saves block inputs
+    plan = reference_plan(problem)
     normalised = [i for i in np.flatnonzero((rows >= 0).any(axis=1))
                   if _normalised(by_name[problem.names[i]]) and plan.recomputed[i]]
-    with_saved = [i for i in normalised if plan.saved[rows[i][rows[i] >= 0]].any()]
-    assert with_saved, "no recomputed normalised input has a producer the plan saves"
-    first = with_saved[0]
+    assert normalised, "the frugal plan recomputes no normalised input whose producers the schedule names"
+    first = normalised[0]
     producers = rows[first][rows[first] >= 0]
+    saving = plan.saved.copy()  # and the first producer named
+    saving[producers[0]] = True
     assert not s.fused[first] and s.copy_bytes[first] > 0  # counted stored, whatever the plan
-    fused = with_saved_fusions(s, plan.saved)
+    fused = with_saved_fusions(s, saving)
     assert fused.fused[first] and fused.copy_bytes[first] == 0
-    unsaved = plan.saved.copy()
+    unsaved = saving.copy()
     unsaved[producers] = False
     assert not with_saved_fusions(s, unsaved).fused[first]
-    every = plan.saved.copy()  # and a producer of every recomputed normalised input
+    every = saving.copy()  # and a producer of every recomputed normalised input
     for i in normalised:
         every[rows[i][rows[i] >= 0][0]] = True
     forward, backward = emit(joint.copy(), problem, [problem.names[i] for i in np.flatnonzero(every)])
@@ -1816,3 +1817,55 @@ def test_a_recomputed_layer_norm_reads_its_saved_input_inside_its_readers():
 def _normalised(node: fx.Node) -> bool:
     """``node`` is a layer norm's ``(x - mean) * rstd``."""
     return node.target is aten.mul.Tensor and any(getattr(a, "target", None) is aten.rsqrt.default for a in node.args)
+
+
+class _UpsampledLoss(torch.nn.Module):
+    """Logits upsampled (bilinear) to the labels' pixels and a cross-entropy, as a segmentation
+    head computes its loss: inductor's decomposition loads the logits four times at computed
+    indices (``_unsafe_index``), and the backward scatters four weighted copies of the gradient
+    back (``index_put`` with accumulation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 6, 1)
+
+    def forward(self, x, labels):
+        logits = torch.nn.functional.interpolate(self.conv(x), size=labels.shape[-2:], mode="bilinear")
+        return torch.nn.functional.cross_entropy(logits, labels)
+
+
+def test_loads_at_computed_indices_and_scattered_values_are_computed_in_the_kernels_reading_them():
+    """Inductor lowers ``_unsafe_index`` (as ``gather``, ``embedding`` and ``index``) to pointwise
+    code that loads its operand where its reader needs it, and an ``index_put`` to a scatter
+    kernel that computes its values where it stores them. The simulation stores none of the four
+    upsampled loads nor the four scattered values; inductor's CPU code allocates, at the
+    upsampled size, as many forward buffers as the simulation stores, and fewer backward ones
+    than there are scattered values. A boolean index falls back to ATen's kernel, which reads
+    its values stored."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+    from planner.memory import scatters_values
+
+    torch.manual_seed(0)
+    x, labels = torch.randn(2, 8, 16, 16), torch.randint(0, 6, (2, 64, 64))
+    torch._dynamo.reset()
+    backend = planner.backend(memory_budget=1.0)
+    _, codes = run_and_get_code(lambda: torch.compile(_UpsampledLoss(), backend=backend)(x, labels).backward())
+    forward, backward = backend._emitted[0][:2]
+    stored = backend.timelines[0].stored
+    size = 2 * 6 * 64 * 64 * 4
+    loads = [n for n in forward.graph.nodes if n.target is aten._unsafe_index.Tensor]
+    puts = [n for n in backward.graph.nodes if n.target is aten.index_put.default]
+    assert len(loads) == 4 and all(stored[("forward", n.name)] == 0 for n in loads)
+    assert len(puts) == 4 and all(scatters_values(n) and stored[("backward", n.args[2].name)] == 0 for n in puts)
+    upsampled = r"empty_strided_cpu\(\(2, 6, 64, 64\)"
+    assert len(re.findall(upsampled, codes[0])) == sum(stored[("forward", n.name)] == size for n in forward.graph.nodes
+                                                       if ("forward", n.name) in stored)
+    assert len(re.findall(upsampled, codes[1])) < len(puts)
+
+    def masked_put(base, mask, values):
+        return base.index_put((mask,), values)
+
+    gm = _traced(masked_put, torch.zeros(8, 4), torch.rand(8) > 0.5, torch.randn(4))
+    (put,) = [n for n in gm.graph.nodes if n.target is aten.index_put.default]
+    assert not scatters_values(put)

@@ -33,6 +33,28 @@ def test_inductor_calls_libraries_for_convolutions_and_fallbacks_and_generates_t
         assert not _torch_compat.inductor_calls_library(op), op
 
 
+def test_inductor_scatters_an_index_put_itself_except_where_it_falls_back_to_atens():
+    """Plain and accumulated float stores are inductor's scatter kernels; an accumulated int64 or
+    bool store (no atomic add) and any store under deterministic algorithms are ATen's. A
+    function compiled both ways agrees: its code calls ``aten.index_put_`` only where said."""
+    from torch._inductor.utils import run_and_get_code
+
+    assert _torch_compat.inductor_scatters_index_put(torch.float32, accumulate=True)
+    assert _torch_compat.inductor_scatters_index_put(torch.int64, accumulate=False)
+    assert not _torch_compat.inductor_scatters_index_put(torch.int64, accumulate=True)
+    index = torch.tensor([0, 2, 2])
+    for dtype in (torch.float32, torch.int64):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda base, v: base.index_put((index,), v * 2, accumulate=True), backend="inductor")
+        _, (code, *_) = run_and_get_code(fn, torch.zeros(4, dtype=dtype), torch.ones(3, dtype=dtype))
+        assert ("aten.index_put_" in code) != _torch_compat.inductor_scatters_index_put(dtype, accumulate=True), code
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not _torch_compat.inductor_scatters_index_put(torch.float32, accumulate=False)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_inductor_has_the_custom_partitioner_hook():
     assert _torch_compat.has_custom_partitioner_hook()
 
