@@ -1869,3 +1869,29 @@ def test_loads_at_computed_indices_and_scattered_values_are_computed_in_the_kern
     gm = _traced(masked_put, torch.zeros(8, 4), torch.rand(8) > 0.5, torch.randn(4))
     (put,) = [n for n in gm.graph.nodes if n.target is aten.index_put.default]
     assert not scatters_values(put)
+
+
+def _indexed_mask_attention(q, k, v, keep):
+    positions = torch.arange(keep.shape[1])  # computed: the loads read only the padding mask
+    allowed = keep[:, None, positions, None] & keep[:, None, None, positions]
+    bias = torch.where(allowed, 0.0, float("-inf"))
+    first = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return torch.nn.functional.scaled_dot_product_attention(first, k, v, attn_mask=bias)
+
+
+def test_each_load_of_a_buffer_at_its_own_indices_is_a_read_of_its_own():
+    """A padding mask indexed by query and by key position (as transformers builds attention
+    masks) is read twice: inductor counts each load at its own indices, and stores a bias reading
+    more than one input before the fused attentions that read it, rather than have each copy it.
+    The memory model stores the bias, and inductor's CPU code allocates its buffer."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+    from planner.memory import readers, stored_bytes
+
+    args = [torch.randn(2, 4, 64, 16), torch.randn(2, 4, 64, 16), torch.randn(2, 4, 64, 16), torch.rand(2, 64) > 0.2]
+    gm = _traced(_indexed_mask_attention, *args)
+    bias = next(n for n in gm.graph.nodes if n.target is aten.where.self)
+    assert stored_bytes(bias, readers(bias), fuse=True) == 2 * 64 * 64 * 4
+    torch._dynamo.reset()
+    _, (code, *_) = run_and_get_code(torch.compile(_indexed_mask_attention, backend="inductor"), *args)
+    assert re.findall(r"empty_strided_cpu\(\(2, 1, 64, 64\), \([^)]*\), torch\.float32\)", code), code
