@@ -672,7 +672,7 @@ MODELS: dict[str, ZooModel] = {
                       "d 768, 12 heads, seq 512, batch 8, vocab 8192"),
     "wav2vec2": ZooModel(_wav2vec2, "transformers", "Wav2Vec2ForCTC (convolutional feature encoder, CTC loss), 6 layers, "
                          "d 768, 4 s of 16 kHz audio, batch 8"),
-    # an eleventh round, measured before any change for them
+    # added in the nineteenth zoo round (docs/zoo-nineteenth-round-h100.md), measured before any change for them
     "segformer": ZooModel(_segformer, "transformers", "SegformerForSemanticSegmentation (MiT-b0, reduced-key attention, "
                           "upsampled logits), 512 pixels, 150 classes, batch 16"),
     "convbert": ZooModel(_convbert, "transformers", "ConvBertForMaskedLM (span-based dynamic convolution), 6 layers, "
