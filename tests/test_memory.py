@@ -1895,3 +1895,35 @@ def test_each_load_of_a_buffer_at_its_own_indices_is_a_read_of_its_own():
     torch._dynamo.reset()
     _, (code, *_) = run_and_get_code(torch.compile(_indexed_mask_attention, backend="inductor"), *args)
     assert re.findall(r"empty_strided_cpu\(\(2, 1, 64, 64\), \([^)]*\), torch\.float32\)", code), code
+
+
+class _EmbeddingScaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 24)
+        self.w = torch.nn.Parameter(torch.randn(24))
+
+    def forward(self, ids):
+        return (torch.tanh(self.emb(ids)) * self.w).square().mean()
+
+
+def test_an_embeddings_gradient_is_computed_in_the_kernel_scattering_it():
+    """An embedding's backward puts the gradient of every looked-up row into zeros of the table's
+    shape (``_unsafe_index_put`` or, on newer torch, ``_unsafe_masked_index_put_accumulate``):
+    inductor computes the gradient where its scatter kernel loads it. The simulation stores
+    neither the gradient nor the zeros, and inductor's CPU code allocates no buffer of the
+    gradient's shape (8 x 40 x 24), only the table's."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+    from planner.memory import _INDEX_PUTS, scatters_values
+
+    ids = torch.randint(0, 50, (8, 40))
+    torch._dynamo.reset()
+    backend = planner.backend(memory_budget=1.0)
+    _, codes = run_and_get_code(lambda: torch.compile(_EmbeddingScaled(), backend=backend)(ids).backward())
+    backward, stored = backend._emitted[0][1], backend.timelines[0].stored
+    (put,) = [n for n in backward.graph.nodes if n.target in _INDEX_PUTS]
+    values, base = put.args[3] if len(put.args) > 3 and isinstance(put.args[3], fx.Node) else put.args[2], put.args[0]
+    assert scatters_values(put) and stored[("backward", values.name)] == 0 and stored[("backward", base.name)] == 0
+    assert not re.findall(r"empty_strided_cpu\(\(8, 40, 24\)", codes[1]), codes[1]
+    assert re.findall(r"empty_strided_cpu\(\(50, 24\)", codes[1])
