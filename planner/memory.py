@@ -375,7 +375,7 @@ def _leaf_reads_stopped_at(node: fx.Node, stop: fx.Node | None, depth: int) -> s
     counted as reading one stored input and so copied by each attention, where inductor stored it
     (16 MiB at batch 8) for reading two."""
     leaves: set[fx.Node] = set()
-    for k, inp in enumerate(node.all_input_nodes):
+    for inp in node.all_input_nodes:
         producer = storage_root(inp)
         if reads_nothing(producer):
             continue
@@ -388,7 +388,7 @@ def _leaf_reads_stopped_at(node: fx.Node, stop: fx.Node | None, depth: int) -> s
             else:
                 leaves |= _leaf_reads(producer, depth - 1)
             continue
-        leaves.add(node if k == 0 and node.target in _LOADS else producer)
+        leaves.add(node if node.target in _LOADS and inp is node.args[0] else producer)  # a load's operand
     return leaves
 
 
@@ -911,7 +911,7 @@ def _reads_nothing(node: fx.Node) -> bool:
             return False
         if n.target in _CONSTANTS:
             continue
-        computed = fusible(n) or n.target in _LOADS or _shared_input(n) is not None
+        computed = fusible(n) or _shared_input(n) is not None  # fusible: the loads at computed indices too
         if not computed or _name(n.target) in _RANDOM_PRIMS:
             return False
         for inp in n.all_input_nodes:
@@ -1532,12 +1532,12 @@ def scatters_values(node: fx.Node) -> bool:
     into the 128 x 128 logits' gradient; three were counted stored (2.3 GiB each)."""
     if node.target not in _INDEX_PUTS or not isinstance(node.meta.get("val"), torch.Tensor):
         return False
-    at = _INDEX_PUTS[node.target]  # where its indices are, and whether it always accumulates
+    at, masked = _INDEX_PUTS[node.target]
     indices = node.args[at] if len(node.args) > at else node.kwargs.get("indices", ())
     if any(isinstance(i, fx.Node) and getattr(i.meta.get("val"), "dtype", None) in (torch.bool, torch.uint8)
            for i in indices):
         return False
-    accumulate = at == 2 or (node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False))
+    accumulate = masked or (node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False))
     from planner._torch_compat import inductor_scatters_index_put
 
     return inductor_scatters_index_put(node.meta["val"].dtype, bool(accumulate))
@@ -1579,10 +1579,10 @@ _INDEXING = (*_LOADS, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter
 # copying the scatter's output for each of the two batched products reading it (96 MiB each),
 # copies the memory model does not count.
 _VIEW_SCATTERS = (torch.ops.aten.slice_scatter.default, torch.ops.aten.select_scatter.default)
-# index_put and its forms, each with the place of its indices (2: a masked put, which accumulates);
-# the masked forms (a torch 2.13 embedding's backward) exist on newer torch only
-_INDEX_PUTS = {torch.ops.aten.index_put.default: 1, torch.ops.aten._unsafe_index_put.default: 1,
-               **({torch.ops.aten._unsafe_masked_index_put_accumulate.default: 2}
+# index_put and its forms, each with the place of its indices and whether it is the masked put
+# (which always accumulates; a torch 2.13 embedding's backward, on newer torch only)
+_INDEX_PUTS = {torch.ops.aten.index_put.default: (1, False), torch.ops.aten._unsafe_index_put.default: (1, False),
+               **({torch.ops.aten._unsafe_masked_index_put_accumulate.default: (2, True)}
                   if hasattr(torch.ops.aten, "_unsafe_masked_index_put_accumulate") else {})}
 
 
