@@ -25,7 +25,7 @@ from planner.config import PlannerConfig
 from planner.decision import Decision, Status
 from planner.decisions import KEY, decision_key, keep_decision, reuse_or_solve
 from planner.distributed import agree_on_graph, decide_on_rank0, world
-from planner.emit import Transfer, emit
+from planner.emit import Transfer, emit, store_narrow_casts
 from planner.errors import InfeasibleBudget, PlanFileError
 from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph, copy_module
@@ -401,7 +401,7 @@ def _pytorch_modules(joint: JointGraph, problem: Problem,
     if weighed is not None:
         return weighed[1:]
     try:
-        forward, backward, names = _split_of(joint, problem)
+        forward, backward, names = _split_of(joint, problem, fuse=True)
         saved = named_plan(problem, names).saved
     except Exception as err:  # PyTorch's partitioner is private; the plan stands without it
         warnings.warn(f"PyTorch's partitioner failed to split this graph ({type(err).__name__}: {err}); the planner "
@@ -551,7 +551,7 @@ def _pytorch_split(joint: JointGraph, problem: Problem, fuse: bool) -> _Split:
     found = _PYTORCH_SPLITS.get(key)
     if found is None:
         start = time.perf_counter()
-        forward, backward, names = _split_of(joint, problem)
+        forward, backward, names = _split_of(joint, problem, fuse)
         seconds = time.perf_counter() - start
         timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse)
         found = _Split(names, timeline.peak, seconds, timeline.kernels)
@@ -561,14 +561,21 @@ def _pytorch_split(joint: JointGraph, problem: Problem, fuse: bool) -> _Split:
     return found
 
 
-def _split_of(joint: JointGraph, problem: Problem) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
+def _split_of(joint: JointGraph, problem: Problem,
+              fuse: bool) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
     """PyTorch's partitioner's modules for ``joint`` as handed over, with inductor's arguments
-    (:attr:`JointGraph.partition_kwargs`), and what they save, named by nodes of ``problem``."""
+    (:attr:`JointGraph.partition_kwargs`), and what they save, named by nodes of ``problem``.
+    With ``fuse``, their widening casts that inductor would store read their narrow input
+    stored instead, as the emitter's do (:func:`planner.emit.store_narrow_casts`)."""
     forward, backward = _torch_compat.pytorch_split_modules(joint.given_module(), list(joint.joint_inputs),
                                                             joint.num_fwd_outputs, **joint.partition_kwargs)
     names, inputs = problem.names, problem.inputs
     inputs_of = {name: [names[k] for k in inputs[i]] for i, name in enumerate(names)}
-    return forward, backward, _torch_compat.split_saved_names(forward, backward, known=set(names), inputs_of=inputs_of)
+    saved = _torch_compat.split_saved_names(forward, backward, known=set(names), inputs_of=inputs_of)
+    if fuse:
+        store_narrow_casts(forward, backward=False)
+        store_narrow_casts(backward, backward=True)
+    return forward, backward, saved
 
 
 def simulated_peak(joint: JointGraph, problem: Problem, saved: tuple[str, ...], fuse: bool = True) -> int:
@@ -583,7 +590,7 @@ def simulated_timeline(joint: JointGraph, problem: Problem, saved: tuple[str, ..
     the modules run; ``released``: the places of the outputs the caller frees before the
     backward (``JointGraph.released``), as the backend counts its graphs."""
     with _torch_compat.lazy_graph_modules():  # walked, never run
-        forward, backward = emit(joint.copy(), problem, saved)
+        forward, backward = emit(joint.copy(), problem, saved, fuse=fuse)
         return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=released)
 
 
@@ -801,12 +808,12 @@ class PlannerBackend:
         decision = graph_plan.decision
         split = (_pytorch_modules(joint, graph_plan.problem, decision)
                  if self.config.codegen == "inductor" and compiles_as_pytorch(decision) else None)
+        fuse = self.config.codegen == "inductor"
         if split is not None:
             forward, backward = split
         else:
             transfers = {n: Transfer(*decision.transfers.get(n, (None, None))) for n in decision.offloaded}
-            forward, backward = emit(joint, graph_plan.problem, decision.saved, transfers)
-        fuse = self.config.codegen == "inductor"
+            forward, backward = emit(joint, graph_plan.problem, decision.saved, transfers, fuse=fuse)
         timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=joint.released)
         kept: dict[str, Any] = {}  # filled as inductor compiles each module
         emitted = None

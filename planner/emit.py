@@ -24,11 +24,11 @@ from planner.ops import (aliased_input, dense_layout, first_tensor, is_getitem, 
                          storage_bytes, view_base, written_input)
 from planner.problem import Problem, evaluate_names
 
-__all__ = ["emit", "Transfer", "offloadable"]
+__all__ = ["emit", "Transfer", "offloadable", "store_narrow_casts"]
 
 
 def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...],
-         offloaded: dict[str, Transfer] | None = None) -> tuple[fx.GraphModule, fx.GraphModule]:
+         offloaded: dict[str, Transfer] | None = None, fuse: bool = False) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Forward and backward modules saving exactly ``saved`` (names of forward nodes).
 
     ``offloaded`` maps saved names to how they are offloaded (:class:`Transfer`); the forward
@@ -38,11 +38,16 @@ def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...],
     the tangents and returns the gradients. Under inductor's layout optimisation, where the
     forward would hand over parts of a split that inductor stores as copies of their own, the
     modules are emitted again with those parts made in the backward (:func:`_copied_parts`).
+    With ``fuse`` (the modules are compiled by inductor), widening casts that inductor would
+    store read their narrow input stored instead (:func:`store_narrow_casts`).
     """
     whole = joint.copy() if convolutions_laid_out([*joint.primals, *joint.forward_nodes]) else None
     forward, backward = _emit(joint, problem, saved, offloaded or {}, frozenset())
     if whole is not None and (parts := _copied_parts(forward, joint.num_fwd_outputs)):
         forward, backward = _emit(whole, problem, saved, offloaded or {}, parts)
+    if fuse:
+        store_narrow_casts(forward, backward=False)
+        store_narrow_casts(backward, backward=True)
     return forward, backward
 
 
@@ -191,6 +196,36 @@ def store_narrow_random(graph: fx.Graph) -> list[fx.Node]:
         forced.meta = dict(value.meta, val=val)
         value.replace_all_uses_with(forced, delete_user_cb=lambda user: user is not forced)
         stored.append(value)
+    return stored
+
+
+def store_narrow_casts(module: fx.GraphModule, backward: bool) -> list[fx.Node]:
+    """Store the narrow value a widening cast reads, where inductor would store the cast.
+
+    A bfloat16 gradient that a normalisation's backward reads through a cast to float32 in
+    several kernels is stored by inductor as the float32 cast (:func:`planner.memory.narrow_cast_input`).
+    Laid out as traced (:func:`_torch_compat.as_traced_strides`), the narrow value is stored
+    instead, at half the bytes, and the cast is computed inside each reader from it: what the
+    readers load is what eager's kernels read, the gradient rounded to its own type. For modules
+    inductor compiles (``backward``: ``module`` is a backward, whose reductions far from their
+    readers stay unfused, :func:`planner.memory.far_epilogues`). Returns the values so stored."""
+    from planner.memory import far_epilogues, narrow_cast_input
+
+    graph, far, stored = module.graph, None, []
+    for cast in list(graph.nodes):
+        if narrow_cast_input(cast, None) is None:
+            continue
+        if far is None:
+            far = far_epilogues([n for n in graph.nodes if n.op != "output"], True) if backward else frozenset()
+        if (narrow := narrow_cast_input(cast, far)) is None:
+            continue
+        with graph.inserting_after(narrow):
+            forced = graph.call_function(_torch_compat.as_traced_strides(), (narrow, list(narrow.meta["val"].stride())))
+        forced.meta = dict(narrow.meta)
+        cast.replace_input_with(narrow, forced)
+        stored.append(narrow)
+    if stored:
+        module.recompile()
     return stored
 
 

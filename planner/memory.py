@@ -84,7 +84,7 @@ import torch.fx as fx
 from planner._torch_compat import tangents_held_through_backward
 from planner.graph import JointGraph, placed_order
 from planner.offload_ops import OFFLOAD
-from planner.ops import (aliased_input, is_getitem, is_random, replays_as_traced, storage_bytes,
+from planner.ops import (aliased_input, dense_layout, is_getitem, is_random, replays_as_traced, storage_bytes,
                          written_input)
 from planner.schedule import Schedule
 from planner.workspace import workspace_bytes
@@ -305,7 +305,13 @@ def _may_inline(node: fx.Node, reading: list[fx.Node]) -> bool:
     """``node`` is pointwise (or reads nothing), each of its readers computes it in its own kernel,
     and the emitter does not lay it out as traced (stored where it is made: :func:`laid_out_for_replay`)."""
     return ((fusible(node) or reads_nothing(node)) and bool(reading) and all(_leaves_unstored(r) for r in reading)
-            and not any(_name(user.target) == _AS_TRACED for user in node.users))
+            and not _forced_stored(node))
+
+
+def _forced_stored(node: fx.Node) -> bool:
+    """The emitter lays ``node`` out as traced (``inductor_force_stride_order``): inductor stores
+    it where it is made, and its readers load it."""
+    return any(_name(user.target) == _AS_TRACED for user in node.users)
 
 
 def _stored_for_library(leaves: int, reading: list[fx.Node]) -> bool:
@@ -444,7 +450,7 @@ def _find_computed_once(end: fx.Node, far: Collection[fx.Node], depth: int) -> b
     phase = _tagged_backward(end)
     reading = [r for r in readers(end) if _tagged_backward(r) == phase]
     if (end.op != "call_function" or not fusible(end) or len(reading) < 2 or not all(_leaves_unstored(r) for r in reading)
-            or stored_on_reuse(end)):
+            or stored_on_reuse(end) or _forced_stored(end)):
         return True
     ends = {_kernel_end(reader, far) for reader in reading}
     if len(ends) > 1 and _side_by_side(ends):
@@ -471,7 +477,8 @@ def _find_kernel_end(node: fx.Node, far: Collection[fx.Node], depth: int) -> fx.
     for _ in range(depth):
         if persistent_epilogue(node, far):
             node = readers(node)[0]
-        elif node.op == "call_function" and fusible(node) and len(reading := readers(node)) == 1 and _leaves_unstored(reading[0]):
+        elif (node.op == "call_function" and fusible(node) and len(reading := readers(node)) == 1
+              and _leaves_unstored(reading[0]) and not _forced_stored(node)):
             node = reading[0]
         else:
             break
@@ -520,6 +527,38 @@ def narrow_random_value(node: fx.Node) -> fx.Node | None:
             or val.element_size() >= random.element_size() or one_kernel(readers(value))):
         return None
     return value
+
+
+def narrow_cast_input(cast: fx.Node, far: Collection[fx.Node] | None = ()) -> fx.Node | None:
+    """The narrower value that the widening cast ``cast`` reads, which the emitter stores in the
+    cast's place (:func:`planner.emit.store_narrow_casts`); None where there is none.
+
+    A gradient computed in a narrow float type and read through a cast to float32 by several
+    kernels (the decompositions of the normalisations' backwards cast their inputs up, and read
+    them in row sums, column sums and a pointwise output) is stored by inductor as the cast: the
+    float32 value, twice the bytes of the narrow one, which is read by no other node. Stored
+    narrow, the cast reads one input and is computed inside each reader. On an H100, Wav2Vec2's
+    first GroupNorm backward (bf16) stored its float32 input, 200 MiB at batch 8, at the step's
+    peak. Taken where ``cast`` widens a float on one device, only generated kernels read it,
+    inductor would store it (:func:`stored_bytes`; ``far`` as there), and its input is a
+    pointwise value densely laid out that only ``cast`` reads; with ``far`` None, whether inductor
+    would store the cast is not asked (the cheap part of the test, for a caller that finds ``far``
+    only where some cast passes it)."""
+    val = cast.meta.get("val")
+    if cast.op != "call_function" or cast.target not in _CASTS or not isinstance(val, torch.Tensor):
+        return None
+    narrow = cast.args[0]
+    small = narrow.meta.get("val") if isinstance(narrow, fx.Node) else None
+    if (not isinstance(small, torch.Tensor) or not small.is_floating_point() or not val.is_floating_point()
+            or small.element_size() >= val.element_size() or small.device != val.device):
+        return None
+    if (narrow.op != "call_function" or len(narrow.users) != 1 or not fusible(narrow) or reads_nothing(narrow)
+            or not dense_layout(small) or _shared_input(narrow) is not None):
+        return None
+    reading = readers(cast)
+    if not reading or not all(fuses_producers(r) for r in reading):
+        return None
+    return narrow if far is None or stored_bytes(cast, reading, True, far) > 0 else None
 
 
 PERSISTENT_RNUMEL = 1024  # inductor's largest persistent inner reduction (its choices' threshold)
@@ -793,9 +832,12 @@ _OWN_DEPTH = 8  # how deep a producer's own stored reads are looked for
 
 
 def _walked_producer(inp: fx.Node) -> fx.Node | None:
-    """The producer :func:`_find_leaf_reads` may look into for input ``inp`` (through views), or None."""
+    """The producer :func:`_find_leaf_reads` may look into for input ``inp`` (through views), or
+    None. A value the emitter lays out as traced is stored where it is made (:func:`_may_inline`):
+    one read, however it was computed."""
     producer = storage_root(inp)
-    if reads_nothing(producer) or not fusible(producer) or not all(fuses_producers(r) for r in readers(producer)):
+    if (reads_nothing(producer) or not fusible(producer) or not all(fuses_producers(r) for r in readers(producer))
+            or _forced_stored(producer)):
         return None
     return producer
 

@@ -1927,3 +1927,58 @@ def test_an_embeddings_gradient_is_computed_in_the_kernel_scattering_it():
     assert scatters_values(put) and stored[("backward", values.name)] == 0 and stored[("backward", base.name)] == 0
     assert not re.findall(r"empty_strided_cpu\(\(8, 40, 24\)", codes[1]), codes[1]
     assert re.findall(r"empty_strided_cpu\(\(50, 24\)", codes[1])
+
+
+class _GroupNormEncoder(torch.nn.Module):
+    """A convolutional audio encoder's first layers (convolution, GroupNorm, GELU), in bfloat16:
+    the GroupNorm backward's decomposition casts its input gradient, a bfloat16 value computed
+    from the GELU's gradient, to float32 and reads it in its row sums and its output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(1, 64, 10, 5, bias=False)
+        self.norm = torch.nn.GroupNorm(64, 64)
+        self.head = torch.nn.Conv1d(64, 64, 3, 2, bias=False)
+
+    def forward(self, audio):
+        hidden = torch.nn.functional.gelu(self.norm(self.conv(audio[:, None])))
+        return torch.nn.functional.gelu(self.head(hidden)).float().pow(2).mean()
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.0])
+def test_a_gradient_read_through_a_widening_cast_by_several_kernels_is_stored_narrow(budget):
+    """Inductor stores a float32 cast that several kernels read where it reads more than a few
+    stored inputs: the cast of a bfloat16 gradient to the GroupNorm backward's float32. The
+    emitted backward lays the bfloat16 gradient out as traced, so it is stored instead and the
+    cast computed in its readers: inductor's CPU code allocates no float32 buffer of the
+    activation's size in the backward (it does without the rule), the simulation stores no
+    float32 value of that size there, and the gradients are eager's."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+    from planner.memory import narrow_cast_input
+
+    torch.manual_seed(0)
+    model, audio = _GroupNormEncoder().to(torch.bfloat16), torch.randn(4, 16000, dtype=torch.bfloat16)
+    model(audio).backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    backend = planner.backend(memory_budget=budget)
+    _, codes = run_and_get_code(lambda: torch.compile(model, backend=backend)(audio).backward())
+    backward = backend._emitted[0][1]
+    forced = [n for n in backward.graph.nodes if "inductor_force_stride_order" in str(n.target)]
+    assert forced and all(n.args[0].meta["val"].dtype == torch.bfloat16 for n in forced)
+    assert all(u.meta["val"].dtype == torch.float32 for n in forced for u in n.users)
+    size = 4 * 64 * 3199
+    assert not re.findall(r"empty_strided_cpu\(\(4, 64, 3199\), \([^)]*\), torch\.float32\)", codes[-1])
+    stored = backend.timelines[0].stored
+    assert not [name for (phase, name), nbytes in stored.items() if phase == "backward" and nbytes >= 4 * size]
+    for p, want in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, want, atol=1e-3, rtol=1.6e-2)
+
+    def read_once(x):  # the cast's one reader computes it: nothing to store
+        return (x * 2).float() * 3
+
+    gm = _traced(read_once, torch.randn(64, 64, dtype=torch.bfloat16))
+    cast = next(n for n in gm.graph.nodes if n.meta.get("val") is not None and n.meta["val"].dtype == torch.float32)
+    assert narrow_cast_input(cast) is None
