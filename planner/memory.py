@@ -2096,13 +2096,16 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
         if o is not None:
             first_read[o] = min(first_read[o], len(steps) - 1)
             last_read[o] = len(steps) - 1
-    reuse = np.array([stored_bytes(step, readers(step), fuse, far) if fuse and generated(step) else 0 for step in steps],
+    # widening casts the emitter has read their narrow input stored (planner.emit.store_narrow_casts)
+    narrowed = {step: narrow for step in steps if fuse and narrow_cast_input(step, None) is not None
+                and (narrow := narrow_cast_input(step, far)) is not None and narrow in joint.backward_nodes}
+    reuse = np.array([_backward_bytes(step, fuse, far, narrowed) if fuse and generated(step) else 0 for step in steps],
                      dtype=np.int64)
     no_reuse = np.zeros(n, dtype=bool)  # the kernel reading it last cannot write into it (not_written_in_place)
     for o in np.flatnonzero(last_read >= 0):
         no_reuse[o] = bool(reuse[last_read[o]]) and nodes[o] in not_written_in_place(steps[last_read[o]])
     undonated = np.array([node in out_roots for node in nodes], dtype=bool)  # saved, the caller's output's storage
-    base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse, far)
+    base, reuse_base = _backward_base(joint, steps, bwd_kernel, fuse, reuse, far, narrowed)
     base += np.array([workspace_bytes(step, fuse) for step in steps], dtype=np.int64)
     # a backward kernel's copies of its unstored inputs; of a forward value, counted whether or
     # not the plan saves it (saved, it is a stored input of the backward and is not copied)
@@ -2189,11 +2192,24 @@ def _latest_reads(nodes: list[fx.Node], index: dict, first_read: np.ndarray, las
     return until
 
 
+def _backward_bytes(step: fx.Node, fuse: bool, far: Collection[fx.Node], narrowed: Mapping[fx.Node, fx.Node]) -> int:
+    """Bytes stored for the backward node ``step``: none for a cast in ``narrowed`` (computed in
+    its readers from its narrow input), that input's own bytes for the input."""
+    if step in narrowed:
+        return 0
+    if len(step.users) == 1 and narrowed.get(next(iter(step.users))) is step:
+        return storage_bytes(step.meta["val"])
+    return stored_bytes(step, readers(step), fuse, far)
+
+
 def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: bool,
-                   reuse: np.ndarray, far: Collection[fx.Node]) -> tuple[np.ndarray, np.ndarray]:
+                   reuse: np.ndarray, far: Collection[fx.Node],
+                   narrowed: Mapping[fx.Node, fx.Node]) -> tuple[np.ndarray, np.ndarray]:
     """Bytes of the backward's own storages (tangents, temporaries, gradients) alive per step,
     and the steps whose output can be written into one of them (of size ``reuse[t]``, read last
-    at t); ``kernel`` gives the step at which each node's inputs are really read."""
+    at t); ``kernel`` gives the step at which each node's inputs are really read; ``narrowed``:
+    the widening casts computed in their readers from their narrow input, stored in their place
+    (:func:`narrow_cast_input`)."""
     step_of = {node: t for t, node in enumerate(steps)}
     T = len(steps)
     delta = np.zeros(T + 1, dtype=np.int64)
@@ -2204,7 +2220,9 @@ def _backward_base(joint: JointGraph, steps: list[fx.Node], kernel: dict, fuse: 
         if storage_root(node) is not node:
             continue
         reading = readers(node)
-        size = _value_bytes(node.meta.get("val")) if node.op == "placeholder" else stored_bytes(node, reading, fuse, far)
+        size = _value_bytes(node.meta.get("val")) if node.op == "placeholder" else _backward_bytes(node, fuse, far, narrowed)
+        if len(reading) == 1 and reading[0] in narrowed:  # read where the cast is: in the cast's readers
+            reading = readers(reading[0])
         if is_getitem(node) or not size:
             continue
         start = step_of.get(node, 0)

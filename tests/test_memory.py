@@ -1982,3 +1982,21 @@ def test_a_gradient_read_through_a_widening_cast_by_several_kernels_is_stored_na
     gm = _traced(read_once, torch.randn(64, 64, dtype=torch.bfloat16))
     cast = next(n for n in gm.graph.nodes if n.meta.get("val") is not None and n.meta["val"].dtype == torch.float32)
     assert narrow_cast_input(cast) is None
+
+
+def test_the_schedule_counts_a_narrow_stored_gradient_in_its_casts_place():
+    """The solvers' schedule counts what the emitted backward stores: the GroupNorm backward's
+    bfloat16 input gradient, not its float32 cast (:func:`planner.memory.narrow_cast_input`)."""
+    from planner.memory import build_schedule, narrow_cast_input, readers, stored_bytes
+
+    model, audio = _GroupNormEncoder().to(torch.bfloat16), torch.randn(4, 16000, dtype=torch.bfloat16)
+    joint = planner.capture(model, (audio,), codegen="inductor")
+    schedule = build_schedule(joint, fuse=True)
+    steps = {node.name: node for node in joint.backward_nodes}
+    casts = [(t, node) for t, name in enumerate(schedule.step_names) if narrow_cast_input(node := steps[name], None)
+             is not None and stored_bytes(node, readers(node), fuse=True) > 0]  # stored, as the joint graph reads
+    assert casts
+    for t, cast in casts:
+        assert schedule.reuse[t] == 0
+        narrow = schedule.step_names.index(cast.args[0].name)
+        assert schedule.reuse[narrow] == 4 * 64 * 3199 * 2 == cast.meta["val"].numel() * 2
