@@ -573,8 +573,7 @@ def _split_of(joint: JointGraph, problem: Problem,
     inputs_of = {name: [names[k] for k in inputs[i]] for i, name in enumerate(names)}
     saved = _torch_compat.split_saved_names(forward, backward, known=set(names), inputs_of=inputs_of)
     if fuse:
-        store_narrow_casts(forward, backward=False)
-        store_narrow_casts(backward, backward=True)
+        store_narrow_casts(forward, backward)
     return forward, backward, saved
 
 

@@ -46,8 +46,7 @@ def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...],
     if whole is not None and (parts := _copied_parts(forward, joint.num_fwd_outputs)):
         forward, backward = _emit(whole, problem, saved, offloaded or {}, parts)
     if fuse:
-        store_narrow_casts(forward, backward=False)
-        store_narrow_casts(backward, backward=True)
+        store_narrow_casts(forward, backward)
     return forward, backward
 
 
@@ -191,41 +190,48 @@ def store_narrow_random(graph: fx.Graph) -> list[fx.Node]:
         value = narrow_random_value(node)
         if value is None or not dense_layout(val := value.meta["val"]):
             continue
-        with graph.inserting_after(value):
-            forced = graph.call_function(_torch_compat.as_traced_strides(), (value, list(val.stride())))
-        forced.meta = dict(value.meta, val=val)
-        value.replace_all_uses_with(forced, delete_user_cb=lambda user: user is not forced)
+        _read_as_traced(graph, value)
         stored.append(value)
     return stored
 
 
-def store_narrow_casts(module: fx.GraphModule, backward: bool) -> list[fx.Node]:
+def _read_as_traced(graph: fx.Graph, value: fx.Node) -> None:
+    """Every reader of ``value`` reads it laid out as traced (:func:`_torch_compat.as_traced_strides`,
+    its traced strides), which makes inductor store it where it is made."""
+    with graph.inserting_after(value):
+        forced = graph.call_function(_torch_compat.as_traced_strides(), (value, list(value.meta["val"].stride())))
+    forced.meta = dict(value.meta)
+    value.replace_all_uses_with(forced, delete_user_cb=lambda user: user is not forced)
+
+
+def store_narrow_casts(forward: fx.GraphModule, backward: fx.GraphModule) -> list[fx.Node]:
     """Store the narrow value a widening cast reads, where inductor would store the cast.
 
     A bfloat16 gradient that a normalisation's backward reads through a cast to float32 in
     several kernels is stored by inductor as the float32 cast (:func:`planner.memory.narrow_cast_input`).
     Laid out as traced (:func:`_torch_compat.as_traced_strides`), the narrow value is stored
     instead, at half the bytes, and the cast is computed inside each reader from it: what the
-    readers load is what eager's kernels read, the gradient rounded to its own type. For modules
-    inductor compiles (``backward``: ``module`` is a backward, whose reductions far from their
-    readers stay unfused, :func:`planner.memory.far_epilogues`). Returns the values so stored."""
+    readers load is what eager's kernels read, the gradient rounded to its own type. For the
+    ``forward`` and ``backward`` modules inductor compiles (the backward's reductions far from
+    their readers stay unfused there, :func:`planner.memory.far_epilogues`). Returns the values
+    so stored."""
     from planner.memory import far_epilogues, narrow_cast_input
 
-    graph, far, stored = module.graph, None, []
-    for cast in list(graph.nodes):
-        if narrow_cast_input(cast, None) is None:
-            continue
-        if far is None:
-            far = far_epilogues([n for n in graph.nodes if n.op != "output"], True) if backward else frozenset()
-        if (narrow := narrow_cast_input(cast, far)) is None:
-            continue
-        with graph.inserting_after(narrow):
-            forced = graph.call_function(_torch_compat.as_traced_strides(), (narrow, list(narrow.meta["val"].stride())))
-        forced.meta = dict(narrow.meta)
-        cast.replace_input_with(narrow, forced)
-        stored.append(narrow)
-    if stored:
-        module.recompile()
+    stored = []
+    for module in (forward, backward):
+        graph, far, own = module.graph, None, []
+        for cast in list(graph.nodes):
+            if narrow_cast_input(cast, None) is None:  # the cheap part first: far is found only where it passes
+                continue
+            if far is None:
+                steps = [n for n in graph.nodes if n.op != "output"]
+                far = far_epilogues(steps, True) if module is backward else frozenset()
+            if (narrow := narrow_cast_input(cast, far)) is not None:
+                _read_as_traced(graph, narrow)
+                own.append(narrow)
+        if own:
+            module.recompile()
+        stored += own
     return stored
 
 

@@ -2097,8 +2097,8 @@ def _build_schedule(joint: JointGraph, fuse: bool) -> Schedule:
             first_read[o] = min(first_read[o], len(steps) - 1)
             last_read[o] = len(steps) - 1
     # widening casts the emitter has read their narrow input stored (planner.emit.store_narrow_casts)
-    narrowed = {step: narrow for step in steps if fuse and narrow_cast_input(step, None) is not None
-                and (narrow := narrow_cast_input(step, far)) is not None and narrow in joint.backward_nodes}
+    narrowed = {step: narrow for step in steps
+                if fuse and (narrow := narrow_cast_input(step, far)) is not None and narrow in joint.backward_nodes}
     reuse = np.array([_backward_bytes(step, fuse, far, narrowed) if fuse and generated(step) else 0 for step in steps],
                      dtype=np.int64)
     no_reuse = np.zeros(n, dtype=bool)  # the kernel reading it last cannot write into it (not_written_in_place)
