@@ -173,6 +173,14 @@ def has_custom_partitioner_hook() -> bool:
 # compile on the CPU), and inductor's guard against that stops inlining at 100 ops only.
 REALIZE_OPCOUNT = 50
 
+# Inductor stores a pointwise value, however many kernels read it, once its expression (its
+# inlined producers' too) reads more than ``realize_acc_reads_threshold`` stored inputs
+# (``has_exceeded_max_reads``: 8 on a GPU, 12 on the CPU in 2.13). Planned graphs take the GPU's
+# bar on every device, and the memory model counts it (planner.memory.stored_for_reads). On an
+# H100, T5's backward at budget 0 stored a sum of the residual stream's gradients (8 MiB at
+# batch 16) that the model had computed in the one kernel reading it.
+REALIZE_ACC_READS = 8
+
 
 def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Callable,
                      options: dict[str, Any] | None = None, fusions: Any = None) -> Callable:
@@ -189,7 +197,8 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     :func:`planner.memory.far_epilogues`).
 
     A pointwise value several kernels read is stored only past :data:`REALIZE_OPCOUNT` ops of
-    its expression, as the memory model assumes (``realize_opcount_threshold``).
+    its expression, as the memory model assumes (``realize_opcount_threshold``), and any pointwise
+    value past :data:`REALIZE_ACC_READS` stored reads (``realize_acc_reads_threshold``).
 
     Inductor's buffer pool is turned off too (``allow_buffer_reuse``; in-place kernels stay):
     it keeps a dead buffer alive until a later buffer of the same size takes it over, which in
@@ -231,6 +240,8 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     if hasattr(inductor_config, "reorder_for_peak_memory"):
         own["reorder_for_peak_memory"] = False
     own["realize_opcount_threshold"] = REALIZE_OPCOUNT
+    if hasattr(inductor_config, "realize_acc_reads_threshold"):
+        own["realize_acc_reads_threshold"] = REALIZE_ACC_READS
     unknown = sorted(k for k in options or {} if not hasattr(inductor_config, k))
     if unknown:
         from planner.errors import ConfigError

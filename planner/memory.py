@@ -178,7 +178,7 @@ def _graphs_unchanged():
 
 
 def _empty_maps() -> tuple[dict, ...]:
-    return ({}, {}, {}, {}, {}, {}, {}, {}, {}, {})
+    return ({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})
 
 
 def _seen_or_found(table: int, key: object, find):
@@ -298,6 +298,8 @@ def _inlined(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = (
         return random_in_one_kernel(node, far)
     if not _may_inline(node, reading) or _stored_for_library(len(_leaf_reads(node, _OWN_DEPTH)), reading):
         return False
+    if stored_for_reads(node):
+        return _fused_into_reader(node, reading, far)
     return one_kernel(reading, far) or not stored_on_reuse(node)
 
 
@@ -847,7 +849,7 @@ def _inlined_producer(node: fx.Node) -> bool:
     it has one reader, or is not stored on reuse (:func:`stored_on_reuse`). One that is, is one
     stored input of its readers' expressions, whether or not the scheduler later drops its buffer
     (its readers in one kernel: :func:`_inlined`): inductor counts a value's reads as it lowers it."""
-    return (_walked_producer(node) is not None and not _heavy_reuse_on_cpu(node)
+    return (_walked_producer(node) is not None and not _heavy_reuse_on_cpu(node) and not stored_for_reads(node)
             and (len(readers(node)) < 2 or not stored_on_reuse(node)))
 
 
@@ -866,6 +868,82 @@ def stored_on_reuse(node: fx.Node) -> bool:
     ``sigmoid`` and the casts over them among them: 0.55 MB forward and 6.3 MB backward before
     this rule, 0.16 and 2.8 MB after (``PlannerBackend.stores_against_inductor``)."""
     return len(_leaf_reads(node, _OWN_DEPTH)) > REALIZE_READS or _heavy_reuse_on_cpu(node)
+
+
+def stored_for_reads(node: fx.Node) -> bool:
+    """Inductor stores the pointwise value ``node``, however many kernels read it, where its
+    expression, with the producers inlined into it, reads more than
+    :data:`~planner._torch_compat.REALIZE_ACC_READS` stored inputs (``has_exceeded_max_reads``,
+    which the planner's compile sets for every device): past that, it is one stored input of
+    its readers. A gradient summed from many branches is such a value: on an H100, T5's backward
+    at budget 0 stored a sum of the residual stream's gradients (8 MiB at batch 16) that the
+    model had computed inside the one kernel reading it."""
+    from planner._torch_compat import REALIZE_ACC_READS
+
+    return (node.op == "call_function" and fusible(node) and isinstance(node.meta.get("val"), torch.Tensor)
+            and len(_accumulated_reads(node)) > REALIZE_ACC_READS)
+
+
+def _fused_into_reader(node: fx.Node, reading: list[fx.Node], far: Collection[fx.Node] = ()) -> bool:
+    """The scheduler fuses the kernel storing ``node`` (:func:`stored_for_reads`) into the one
+    kernel reading it, which drops its buffer: its readers are one kernel (:func:`one_kernel`)
+    that waits for no library kernel (a matrix product, a convolution) run after ``node``. The
+    planner's compile refuses a fusion across such a kernel in a backward
+    (:func:`~planner._torch_compat.fusion_distance_guard`), and a forward's fusion would have to
+    move ``node``'s kernel past it. On the CPU (tiny BERT, bf16, budget 0) a layer norm's
+    gradient stored so, read by the next pointwise op alone, kept no buffer; a running sum of
+    gradients, each term a matrix product's output made after it, kept its buffer."""
+    if not one_kernel(reading, far):
+        return False
+    end = _kernel_end(reading[0], far)
+    if not _computed_once(end, far):  # one reader, computed in several kernels: each loads the buffer
+        return False
+    place = _places(node.graph)
+    made = place[node]
+    return not any(_extern(storage_root(read)) and place.get(storage_root(read), -1) > made
+                   for read in _accumulated_reads(end) - _accumulated_reads(node))
+
+
+def _places(graph: fx.Graph) -> dict[fx.Node, int]:
+    """Each node's index in ``graph``'s order (once per walk)."""
+    return _seen_or_found(11, graph, lambda: {n: k for k, n in enumerate(graph.nodes)})
+
+
+def _accumulated_reads(node: fx.Node) -> frozenset[fx.Node]:
+    """The storages ``node``'s expression loads, through the producers inlined into it however
+    deep (inductor counts the buffers an expression reads, each once: ``num_reads``). Found with
+    a stack, producers first, each once per walk: a residual stream is a chain as deep as the
+    model, and the rule (:func:`stored_for_reads`) keeps each set small."""
+    maps = getattr(_seen, "maps", None)
+    if maps is None:  # memoised for this call alone: the graph does not change while it runs
+        _seen.maps = _empty_maps()
+        try:
+            return _accumulated_reads(node)
+        finally:
+            _seen.maps = None
+    known = maps[10]
+    stack, order = [(node, False)], []
+    while stack:
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+        elif n not in known:
+            known[n] = None  # being walked
+            stack.append((n, True))
+            stack.extend((p, False) for inp in n.all_input_nodes
+                         if (p := _walked_producer(inp)) is not None and p not in known)
+    for n in order:
+        reads: set[fx.Node] = set()
+        for inp in n.all_input_nodes:
+            producer = storage_root(inp)
+            if reads_nothing(producer):
+                continue
+            if known.get(producer) is not None and _inlined_producer(producer):
+                reads |= known[producer]
+            else:
+                reads.add(producer)
+        known[n] = frozenset(reads)
+    return known[node]
 
 
 def _heavy_reuse_on_cpu(node: fx.Node) -> bool:

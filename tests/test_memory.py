@@ -2000,3 +2000,38 @@ def test_the_schedule_counts_a_narrow_stored_gradient_in_its_casts_place():
         assert schedule.reuse[t] == 0
         narrow = schedule.step_names.index(cast.args[0].name)
         assert schedule.reuse[narrow] == 4 * 64 * 3199 * 2 == cast.meta["val"].numel() * 2
+
+
+class _Fan(torch.nn.Module):
+    """One hidden state read by many linear branches: its gradient is a sum of as many matrix
+    products' outputs (viewed back to three dimensions, so no ``addmm`` takes them)."""
+
+    def __init__(self, branches=20, width=64):
+        super().__init__()
+        self.inp = torch.nn.Linear(width, width)
+        self.branches = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(branches))
+
+    def forward(self, x):
+        hidden = torch.tanh(self.inp(x))
+        return sum(torch.relu(branch(hidden)) for branch in self.branches).pow(2).mean()
+
+
+def test_a_gradient_summed_from_many_branches_is_stored_where_its_reads_pile_up():
+    """Inductor stores a pointwise value whose expression reads more than
+    ``REALIZE_ACC_READS`` buffers, however many kernels read it: the running sum of twenty
+    branches' gradients is stored every few terms. The simulation stores what inductor's code
+    keeps in the planned backward (budget 0) and agrees with it, where without the rule
+    inductor kept sums the simulation had computed in their reader."""
+    from planner import memory
+
+    torch.manual_seed(0)
+    model, x = _Fan(), torch.randn(8, 64, 64)
+    backend = planner.backend(memory_budget=0.0)
+    torch.compile(model, backend=backend)(x).backward()
+    backward = backend._emitted[0][1].graph
+    with memory._graphs_unchanged():
+        piled = [n for n in backward.nodes if memory.stored_for_reads(n)]
+        assert piled and all(n.target == torch.ops.aten.add.Tensor for n in piled)
+        assert all(memory.stored_bytes(n, memory.readers(n), fuse=True) == 4 * 8 * 64 * 64 for n in piled)
+    (report,) = backend.stores_against_inductor()
+    assert report["backward"]["unmodelled"] == {} and report["backward"]["unstored"] == {}
