@@ -246,7 +246,9 @@ def targets(rows: list[dict], slack: float = 1.01) -> list[str]:
     for t in torch_rows:
         best = fastest_within(ours, t)
         met += best is not None and best["step_ms"] <= slack * t["step_ms"]
-    lines.append(f"(b) {verdict(met == len(torch_rows))}: {met} of {len(torch_rows)} torch.compile points dominated")
+    measured = ", ".join(budget_text(r) for r in ours) or "none"
+    lines.append(f"(b) {verdict(met == len(torch_rows))}: {met} of {len(torch_rows)} torch.compile points dominated "
+                 f"by the planner's points measured (budgets {measured})")
     if zero and ckpt and ref:
         ok = zero["peak_activation_bytes"] <= ckpt["peak_activation_bytes"] and zero["step_ms"] <= 1.3 * ref["step_ms"]
         lines.append(f"(c) {verdict(ok)}: planner 0 {_gm(zero)}, library checkpointing {_gm(ckpt)} "

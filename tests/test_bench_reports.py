@@ -280,3 +280,17 @@ def test_zoo_target_d_gives_the_compiled_predictions_error_beside_the_plans():
     line = next(line for line in zoo_targets(rows) if line.startswith("(d)"))
     assert line.startswith("(d) NOT met: predicted peak error -20.0% to -1.0% (counting what inductor's code stores")
     assert line.endswith("-1.0% to +1.0%)")
+
+
+def test_zoo_target_b_names_the_planner_points_it_was_judged_on():
+    """A run of budget 0 alone cannot dominate torch.compile's 1.0 at its time: the verdict says
+    which planner points it weighed."""
+    from bench.zoo import targets as zoo_targets
+
+    rows = [{"model": "m", "method": "torch.compile", "budget": 1.0, "peak_activation_bytes": 100, "step_ms": 10.0},
+            {"model": "m", "method": "planner", "budget": 0.0, "peak_activation_bytes": 40, "step_ms": 12.0}]
+    line = next(line for line in zoo_targets(rows) if line.startswith("(b)"))
+    assert line == "(b) NOT met: 0 of 1 torch.compile points dominated by the planner's points measured (budgets 0)"
+    rows.append({"model": "m", "method": "planner", "budget": 1.0, "peak_activation_bytes": 90, "step_ms": 10.0})
+    line = next(line for line in zoo_targets(rows) if line.startswith("(b)"))
+    assert line == "(b) met: 1 of 1 torch.compile points dominated by the planner's points measured (budgets 0, 1)"
