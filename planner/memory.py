@@ -75,19 +75,21 @@ from contextlib import contextmanager
 from functools import lru_cache
 from dataclasses import dataclass, field
 from itertools import takewhile
-from typing import Collection, Iterable, Mapping
+from typing import Callable, Collection, Iterable, Mapping, TypeVar
 
 import numpy as np
 import torch
 import torch.fx as fx
 
-from planner._torch_compat import tangents_held_through_backward
+from planner._torch_compat import REALIZE_ACC_READS, tangents_held_through_backward
 from planner.graph import JointGraph, placed_order
 from planner.offload_ops import OFFLOAD
 from planner.ops import (aliased_input, dense_layout, is_getitem, is_random, replays_as_traced, storage_bytes,
                          written_input)
 from planner.schedule import Schedule
 from planner.workspace import workspace_bytes
+
+T = TypeVar("T")
 
 __all__ = ["Timeline", "simulate", "build_schedule", "storage_root", "layout_copies", "convolutions_laid_out",
            "constant_inlined", "CONVOLUTIONS"]
@@ -190,6 +192,19 @@ def _seen_or_found(table: int, key: object, find):
     if found is None:
         found = maps[table][key] = find()
     return found
+
+
+def _with_tables(find: Callable[[tuple[dict, ...]], T]) -> T:
+    """``find(maps)`` with the walk's tables (:func:`_graphs_unchanged`), or outside a walk with
+    tables made for this call alone: the graph does not change while it runs."""
+    maps = getattr(_seen, "maps", None)
+    if maps is not None:
+        return find(maps)
+    _seen.maps = _empty_maps()
+    try:
+        return find(_seen.maps)
+    finally:
+        _seen.maps = None
 
 
 def readers(node: fx.Node) -> list[fx.Node]:
@@ -818,15 +833,12 @@ def _leaf_reads(node: fx.Node, depth: int) -> frozenset[fx.Node]:
     readers, where the walk from it, stopped short inside the probabilities' mask, had counted
     four inputs for them instead of five, inlined them and so counted five for the gradient
     (1 GiB a layer at batch 4, stored in the model and not by inductor)."""
-    maps = getattr(_seen, "maps", None)
-    if maps is None:  # memoised for this call alone: the graph does not change while it runs
-        _seen.maps = _empty_maps()
-        try:
-            return _leaf_reads(node, depth)
-        finally:
-            _seen.maps = None
-    if (node, _OWN_DEPTH) not in maps[1]:
-        _own_reads_first(node, maps[1])
+    return _with_tables(lambda maps: _leaf_reads_in(node, depth, maps[1]))
+
+
+def _leaf_reads_in(node: fx.Node, depth: int, known: dict) -> frozenset[fx.Node]:
+    if (node, _OWN_DEPTH) not in known:
+        _own_reads_first(node, known)
     return _seen_or_found(1, (node, depth), lambda: _find_leaf_reads(node, depth))
 
 
@@ -878,8 +890,6 @@ def stored_for_reads(node: fx.Node) -> bool:
     its readers. A gradient summed from many branches is such a value: on an H100, T5's backward
     at budget 0 stored a sum of the residual stream's gradients (8 MiB at batch 16) that the
     model had computed inside the one kernel reading it."""
-    from planner._torch_compat import REALIZE_ACC_READS
-
     return (node.op == "call_function" and fusible(node) and isinstance(node.meta.get("val"), torch.Tensor)
             and len(_accumulated_reads(node)) > REALIZE_ACC_READS)
 
@@ -900,7 +910,7 @@ def _fused_into_reader(node: fx.Node, reading: list[fx.Node], far: Collection[fx
         return False
     place = _places(node.graph)
     made = place[node]
-    return not any(_extern(storage_root(read)) and place.get(storage_root(read), -1) > made
+    return not any(_extern(read) and place[read] > made  # storages: the reads are their roots
                    for read in _accumulated_reads(end) - _accumulated_reads(node))
 
 
@@ -914,14 +924,10 @@ def _accumulated_reads(node: fx.Node) -> frozenset[fx.Node]:
     deep (inductor counts the buffers an expression reads, each once: ``num_reads``). Found with
     a stack, producers first, each once per walk: a residual stream is a chain as deep as the
     model, and the rule (:func:`stored_for_reads`) keeps each set small."""
-    maps = getattr(_seen, "maps", None)
-    if maps is None:  # memoised for this call alone: the graph does not change while it runs
-        _seen.maps = _empty_maps()
-        try:
-            return _accumulated_reads(node)
-        finally:
-            _seen.maps = None
-    known = maps[10]
+    return _with_tables(lambda maps: _accumulated_reads_in(node, maps[10]))
+
+
+def _accumulated_reads_in(node: fx.Node, known: dict) -> frozenset[fx.Node]:
     stack, order = [(node, False)], []
     while stack:
         n, done = stack.pop()
@@ -938,7 +944,7 @@ def _accumulated_reads(node: fx.Node) -> frozenset[fx.Node]:
             producer = storage_root(inp)
             if reads_nothing(producer):
                 continue
-            if known.get(producer) is not None and _inlined_producer(producer):
+            if _inlined_producer(producer):  # walked (a producer the walk looks into), so found first
                 reads |= known[producer]
             else:
                 reads.add(producer)
