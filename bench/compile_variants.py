@@ -12,7 +12,9 @@ timed interleaved at the end as ``bench/zoo.py`` does:
 
 With ``--kernels``, one profiled step of stock torch.compile and of the planner: GPU time and
 kernel count per kernel family (matrix products, convolutions, inductor's pointwise, reduction
-and persistent-reduction kernels, copies), so a step-time gap can be read off where it lies.
+and persistent-reduction kernels, copies), so a step-time gap can be read off where it lies, and
+the kernels whose GPU time differs most between the two, by name (launch arguments and inductor's
+numeric suffixes dropped, so the same kernel in both steps shares a name).
 
     python -m bench.compile_variants [--models resnet50 gpt2] [--kernels]
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -58,8 +61,9 @@ def variants(args) -> list[tuple[str, object]]:
     return found + [(f"planner, {option}", planned(**dict([_parse(option)]))) for option in args.options]
 
 
-def kernel_families(run, params, batch) -> dict[str, tuple[float, int]]:
-    """GPU milliseconds and kernel count per kernel family, in one profiled step."""
+def kernel_families(run, params, batch) -> tuple[dict[str, tuple[float, int]], dict[str, tuple[float, int]]]:
+    """GPU milliseconds and kernel count per kernel family, and per kernel name
+    (:func:`_kernel_name`), in one profiled step."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -69,13 +73,21 @@ def kernel_families(run, params, batch) -> dict[str, tuple[float, int]]:
     for p in params:
         p.grad = None
     families: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    names: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        family = families[_family(event.name)]
-        family[0] += event.device_time_total / 1e3
-        family[1] += 1
-    return {k: (round(v[0], 3), v[1]) for k, v in families.items()}
+        for total in (families[_family(event.name)], names[_kernel_name(event.name)]):
+            total[0] += event.device_time_total / 1e3
+            total[1] += 1
+    return ({k: (round(v[0], 3), v[1]) for k, v in families.items()},
+            {k: (round(v[0], 4), v[1]) for k, v in names.items()})
+
+
+def _kernel_name(name: str) -> str:
+    """A kernel's name without launch arguments or a trailing number (inductor numbers its
+    kernels in the order it generates them, which differs between two compiles of alike code)."""
+    return re.sub(r"_\d+$", "", name.split("(")[0])[:120]
 
 
 def _family(name: str) -> str:
@@ -105,7 +117,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
         run, params = make(model), list(model.parameters())
         row = {"model": name, "variant": label, **measure(run, params, batch, args.steps)}
         if args.kernels and label in ("torch.compile", "planner"):
-            row["kernels"] = kernel_families(run, params, batch)
+            row["kernels"], row["kernel_names"] = kernel_families(run, params, batch)
         kept.append((run, params))
         mine.append(row)
         rows.append(row)
@@ -132,6 +144,23 @@ def report(rows: list[dict]) -> list[str]:
         for family in sorted(families, key=lambda f: -max(r["kernels"].get(f, (0, 0))[0] for r in profiled)):
             cells = [r["kernels"].get(family, (0.0, 0)) for r in profiled]
             lines.append(f"| {family} | " + " | ".join(f"{ms:.3f} / {n}" for ms, n in cells) + " |")
+        lines += _differing_kernels(model, profiled)
+    return lines
+
+
+def _differing_kernels(model: str, profiled: list[dict], most: int = 15) -> list[str]:
+    """The kernel names whose GPU time differs most between the first two profiled variants."""
+    if not all("kernel_names" in r for r in profiled[:2]):
+        return []
+    first, second = (r["kernel_names"] for r in profiled[:2])
+    def ms(table, name):
+        return table.get(name, (0.0, 0))
+    order = sorted(set(first) | set(second), key=lambda k: -abs(ms(second, k)[0] - ms(first, k)[0]))[:most]
+    lines = ["", f"{model}: kernels whose GPU time differs most (ms / launches)",
+             f"| kernel | {profiled[0]['variant']} | {profiled[1]['variant']} |", "|---|---|---|"]
+    for name in order:
+        (a, n), (b, m) = ms(first, name), ms(second, name)
+        lines.append(f"| `{name}` | {a:.3f} / {n} | {b:.3f} / {m} |")
     return lines
 
 

@@ -102,6 +102,9 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         if config.offload == "auto":
             decision = auto_offload(joint, problem, config, solver, estimator, decision)
         limit = {TIME_LIMIT: {"seconds": seconds, "rule": rule}}
+        if least is not None:  # where budget 0 lies, and whether the work clock ended its search
+            limit[FRUGAL_SEARCH] = {"peak_bytes": int(least.plan.peak_bytes), "proven": bool(least.optimal),
+                                    "clock": least.stats.get("clock"), "cache": least.stats.get("cache")}
         return replace(decision, stats={**decision.stats, **theirs, **limit})
 
     def decide(problem: Problem, estimator: Estimator) -> Decision:
@@ -124,6 +127,7 @@ PYTORCH_SIMULATED_PEAK = "pytorch_split_simulated_peak_bytes"
 PYTORCH_SPLIT_SECONDS = "pytorch_split_seconds"  # Decision.stats: the seconds PyTorch's partitioner took on the graph
 PYTORCH_KERNELS = "pytorch_split_kernels"  # Decision.stats: the kernels PyTorch's split runs (Timeline.kernels)
 TIME_LIMIT = "time_limit"  # Decision.stats: the solver's time limit on the graph and the rule that set it
+FRUGAL_SEARCH = "frugal_search"  # Decision.stats: the exact least-peak search budget 0 resolved against, where it ran
 
 
 @dataclass(frozen=True)

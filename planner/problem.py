@@ -18,7 +18,7 @@ from scipy.sparse.csgraph import breadth_first_order
 from planner.errors import PlannerError
 from planner.schedule import Offloads, Profile, Schedule, consumers, profile
 
-__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "memory_profile",
+__all__ = ["Problem", "Evaluation", "InfeasibleDecision", "evaluate", "evaluate_names", "evaluations", "memory_profile",
            "offloads_of"]
 
 
@@ -138,6 +138,16 @@ class Evaluation:
         return self.recompute_seconds + self.save_seconds
 
 
+# Plans evaluated in this process, and their problems' nodes summed: the work a search limited
+# by work rather than the wall clock counts (:mod:`solvers.clock`).
+_EVALUATED = [0, 0]
+
+
+def evaluations() -> tuple[int, int]:
+    """How many plans this process has evaluated (:func:`evaluate`), and their nodes summed."""
+    return _EVALUATED[0], _EVALUATED[1]
+
+
 def evaluate(problem: Problem, saved: np.ndarray, offloads: Offloads | None = None) -> Evaluation:
     """Follow the backward's needs from a saved set: what must be recomputed, and what it costs.
 
@@ -154,6 +164,8 @@ def evaluate(problem: Problem, saved: np.ndarray, offloads: Offloads | None = No
         If the backward needs a node that is neither saved nor recomputable, or a saved node
         cannot be saved (a view: save its base instead).
     """
+    _EVALUATED[0] += 1
+    _EVALUATED[1] += len(problem)
     saved = np.asarray(saved, dtype=bool)
     if saved.shape != (len(problem),):
         raise InfeasibleDecision(f"decision has {saved.shape[0]} entries, the problem {len(problem)} nodes")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -11,6 +10,7 @@ from ortools.sat.python import cp_model
 from planner.errors import SolverError
 from planner.problem import Evaluation, Problem
 from solvers.base import Solution, Solver
+from solvers.clock import now, passed, solve_cpsat
 from solvers.graph_model import GraphModel
 from solvers.backends import Answer
 from solvers.ilp import solve_from_start
@@ -73,7 +73,7 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint: np.ndarray,
     full one).
     """
     built = _to_cp_model(model, peak, deadline)
-    if built is None or time.monotonic() > deadline:
+    if built is None or passed(deadline):
         return Answer(None, False)  # the time limit passed while building
     cp, x, peak_bytes = built
     if peak_bytes is not None:
@@ -87,10 +87,9 @@ def run_cpsat(model: GraphModel, objective: np.ndarray | None, hint: np.ndarray,
     hints.vars.extend([x[k].Index() for k in hinted])
     hints.values.extend([int(v) for v in hint[hinted]])
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, deadline - time.monotonic())
     solver.parameters.num_workers = workers
     solver.parameters.relative_gap_limit = 0.0
-    status = solver.Solve(cp)
+    status = solve_cpsat(solver, cp, deadline - now())
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if status == cp_model.INFEASIBLE and may_be_infeasible:
             return Answer(None, False, infeasible=True)
@@ -145,7 +144,7 @@ def _to_cp_model(model: GraphModel, peak: Limit | None = None,
     highs = [math.floor(v + 1e-6) if math.isfinite(v) else cp_model.INT_MAX for v in upper.tolist()]
     add = cp.proto.constraints.add
     for r, (a, b, low, high) in enumerate(zip(starts, starts[1:], lows, highs)):
-        if not r & 4095 and time.monotonic() > deadline:
+        if not r & 4095 and passed(deadline):
             return None
         linear = add().linear
         linear.vars.extend(variables[a:b])

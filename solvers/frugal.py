@@ -6,7 +6,9 @@ reference's peak, or when the config asks for it (``frugal_search="exact"``). Fr
 reference (:mod:`solvers.reference`) and, on models of repeated blocks, a local search from the
 runtime-optimal plan, each taken off its plateaus (:func:`_off_plateaus`), the graph model with
 memory rows (:mod:`solvers.peak_rows`) and a peak variable to minimise, solved by CP-SAT, lowers
-the peak further and proves it least when it finishes within the time limit (``optimal``). The answer is kept on disk per memory model
+the peak further and proves it least when it finishes within the time limit (``optimal``). The
+time limit is counted in work done, not wall seconds (:mod:`solvers.clock`), so the search ends at
+the same plan however loaded the machine is. The answer is kept on disk per memory model
 (:func:`min_peak_plan`), so a second run does not search again.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from planner.bounds import runtime_optimal_plan
 from planner.cache import default_cache_dir, write_json
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate
+from solvers.clock import counting_work, now, passed
 from solvers.cpsat import run_cpsat
 from solvers.graph_model import build_graph_model
 from solvers.backends import to_round
@@ -72,7 +75,7 @@ def min_peak_plan(problem: Problem, time_limit: float = 60.0) -> FrugalPlan:
             searched_for = max(float(time_limit), searched_for)
             write_json(path, {"key": key, "saved": np.flatnonzero(found.plan.saved).tolist(),
                               "peak_bytes": int(found.plan.peak_bytes), "optimal": bool(found.optimal),
-                              "searched_for": searched_for, "seconds": found.seconds})
+                              "searched_for": searched_for, "seconds": found.seconds, "clock": found.stats.get("clock")})
         _FOUND[key] = (found, searched_for)
     found = _FOUND[key][0]
     # The same saved set, costed with this problem's runtimes and save costs.
@@ -104,7 +107,8 @@ def _read_cached(problem: Problem, key: str, path: Path) -> tuple[FrugalPlan | N
         plan = evaluate(problem, saved)
         if plan.peak_bytes != data["peak_bytes"]:
             return None, 0.0
-        return FrugalPlan(plan, bool(data["optimal"]), float(data["seconds"]), {"cache": str(path)}), float(data["searched_for"])
+        stats = {"cache": str(path), "clock": data.get("clock")}
+        return FrugalPlan(plan, bool(data["optimal"]), float(data["seconds"]), stats), float(data["searched_for"])
     except FileNotFoundError:
         return None, 0.0
     except (OSError, ValueError, KeyError, TypeError, IndexError, InfeasibleDecision) as err:
@@ -114,8 +118,18 @@ def _read_cached(problem: Problem, key: str, path: Path) -> tuple[FrugalPlan | N
 
 
 def _min_peak_plan(problem: Problem, time_limit: float) -> FrugalPlan:
+    """The search, its time limit counted in work (:func:`solvers.clock.counting_work`), so that
+    it ends at the same plan on any machine and under any load."""
+    with counting_work() as clock:
+        found = _search(problem, time_limit)
+    found.stats["clock"] = ("wall: a machine slower than the reference stopped the search by the wall clock, so "
+                            "its answer may differ from run to run" if clock.wall_stopped else "work (deterministic)")
+    return found
+
+
+def _search(problem: Problem, time_limit: float) -> FrugalPlan:
     start = time.perf_counter()
-    deadline = time.monotonic() + time_limit
+    deadline = now() + time_limit
     fast = runtime_optimal_plan(problem)
     base, build = build_graph_model(problem)
 
@@ -144,7 +158,7 @@ def _min_peak_plan(problem: Problem, time_limit: float) -> FrugalPlan:
     seconds = time.perf_counter() - start
     # Every plan's peak is measured exactly; the least wins, whichever search found it.
     found = min((p for p in (result.plan, start_plan, fast) if p is not None), key=lambda p: (p.peak_bytes, p.seconds))
-    proven = result.optimal and time.monotonic() <= deadline and found.peak_bytes == getattr(result.plan, "peak_bytes", None)
+    proven = result.optimal and not passed(deadline) and found.peak_bytes == getattr(result.plan, "peak_bytes", None)
     return FrugalPlan(found, proven, seconds, stats)
 
 
@@ -169,7 +183,7 @@ def _off_plateaus(problem: Problem, plan: Evaluation, deadline: float) -> tuple[
     MiB (a kick of 5%, then of 10%); timm's ViT-Base 634.7 -> 614.1; transformers' T5 563.1 ->
     535.2 (a kick of 50%). Polishing within the peak alone left ResNet-50 at 1702.4."""
     rounds = 0
-    while time.monotonic() < deadline:
+    while not passed(deadline):
         for kick in _KICKS:
             polished, _ = polish(problem, plan, int(plan.peak_bytes * (1 + kick)), deadline)
             lowered, _ = lower_peak(problem, polished, deadline)

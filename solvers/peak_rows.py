@@ -34,7 +34,6 @@ so its optimum (and its bound, if stopped early) holds for the full program too.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -42,6 +41,7 @@ import numpy as np
 
 from planner.problem import Evaluation, Problem, memory_profile
 from planner.schedule import Offloads, computed_in_forward
+from solvers.clock import passed
 from solvers.graph_model import GraphModel, RowBuilder
 
 __all__ = ["PeakRows", "Limit", "Round", "Steps", "solve_within_peak", "memory_unit"]
@@ -433,7 +433,7 @@ def solve_within_peak(
         if peak_span is None and result.plan.peak_bytes <= allowed and (
                 fitting is None or result.plan.seconds < fitting.plan.seconds):
             fitting = Round(result.plan, result.x, False, result.offloads)
-        if time.monotonic() > deadline:
+        if passed(deadline):
             if peak_span is None and result.plan.peak_bytes > allowed and fitting is not None:
                 stats["answer"] = f"round {rounds} exceeded the budget at the time limit; an earlier round's plan fitted"
                 return fitting, stats

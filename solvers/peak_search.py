@@ -9,11 +9,10 @@ least-peak search its starting point.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate, memory_profile
+from solvers.clock import passed
 
 __all__ = ["lower_peak"]
 
@@ -24,7 +23,7 @@ def lower_peak(problem: Problem, start: Evaluation, deadline: float, width: int 
     ``width`` is how many of the largest values alive at the peak step are tried each way.
     """
     plan, moves = start, 0
-    while time.monotonic() < deadline:
+    while not passed(deadline):
         best = None
         for candidate in _neighbours(problem, plan, width):
             if candidate.peak_bytes < plan.peak_bytes and (

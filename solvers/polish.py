@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate
+from solvers.clock import passed
 
 __all__ = ["polish"]
 
@@ -30,7 +31,7 @@ def polish(problem: Problem, plan: Evaluation, budget_bytes: int, deadline: floa
     """``plan`` improved by first-improvement sweeps: each recomputed value that owns its
     storage, most recompute seconds per byte first, is saved (alone, else with its recomputed
     siblings) where the plan stays within ``budget_bytes`` and gets faster; sweeps repeat until
-    one changes nothing or ``deadline`` (a ``time.monotonic()`` instant) passes. Returns the plan
+    one changes nothing or ``deadline`` (an instant of :func:`solvers.clock.now`) passes. Returns the plan
     and what the sweeps did: values saved, plans evaluated, sweeps, seconds, the seconds before
     and after, the names of the values ``plan`` saved (``"start"``) and of those the sweeps saved,
     in the order they saved them (``"added"``: each a gain given those before it)."""
@@ -44,7 +45,7 @@ def polish(problem: Problem, plan: Evaluation, budget_bytes: int, deadline: floa
         order = candidates[np.argsort(-problem.runtime[candidates] / problem.nbytes[candidates], kind="stable")]
         improved = False
         for i in order:
-            if time.monotonic() > deadline:
+            if passed(deadline):
                 stopped_by = "time limit"
                 break
             if not best.recomputed[i]:
