@@ -46,7 +46,10 @@ class PlannerConfig:
         graph was made for a fraction budget, no more than 10 times the seconds that took; at
         least 5 s and at most 60 s (:meth:`solver_seconds`; ``Decision.stats["time_limit"]``
         says which applied). It bounds each search on the graph: where the exact least-peak
-        search runs first (``frugal_search``), it has the same limit, so the two can take twice it.
+        search runs first (``frugal_search``), it has the same limit, so the two can take twice it;
+        that search's limit is counted in work done rather than wall seconds (about wall seconds
+        on a 2-core CPU, at most three times them on a slower machine), so budget 0 resolves to
+        the same plan under any load (:mod:`solvers.clock`).
     codegen : ``"inductor"`` (compiled kernels) or ``"eager"`` (op by op, for debugging).
     solver_options, estimator_options : extra keyword arguments for the solver / estimator.
     inductor_options : inductor config settings for planned graphs, over the planner's own
