@@ -29,7 +29,7 @@ from planner.emit import Transfer, emit, store_narrow_casts
 from planner.errors import InfeasibleBudget, PlanFileError
 from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph, copy_module
-from planner.memory import Timeline, saved_outputs, simulate, stores_against_inductor
+from planner.memory import Timeline, convolutions_laid_out, saved_outputs, simulate, stores_against_inductor
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
 from planner.units import format_bytes
 from solvers import get_solver
@@ -577,7 +577,7 @@ def _split_of(joint: JointGraph, problem: Problem,
     inputs_of = {name: [names[k] for k in inputs[i]] for i, name in enumerate(names)}
     saved = _torch_compat.split_saved_names(forward, backward, known=set(names), inputs_of=inputs_of)
     if fuse:
-        store_narrow_casts(forward, backward)
+        store_narrow_casts(forward, backward, convolutions_laid_out([*joint.primals, *joint.forward_nodes]))
     return forward, backward, saved
 
 

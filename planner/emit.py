@@ -46,7 +46,7 @@ def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...],
     if whole is not None and (parts := _copied_parts(forward, joint.num_fwd_outputs)):
         forward, backward = _emit(whole, problem, saved, offloaded or {}, parts)
     if fuse:
-        store_narrow_casts(forward, backward)
+        store_narrow_casts(forward, backward, channels_last=whole is not None)
     return forward, backward
 
 
@@ -204,7 +204,7 @@ def _read_as_traced(graph: fx.Graph, value: fx.Node) -> None:
     value.replace_all_uses_with(forced, delete_user_cb=lambda user: user is not forced)
 
 
-def store_narrow_casts(forward: fx.GraphModule, backward: fx.GraphModule) -> list[fx.Node]:
+def store_narrow_casts(forward: fx.GraphModule, backward: fx.GraphModule, channels_last: bool = False) -> list[fx.Node]:
     """Store the narrow value a widening cast reads, where inductor would store the cast.
 
     A bfloat16 gradient that a normalisation's backward reads through a cast to float32 in
@@ -213,20 +213,21 @@ def store_narrow_casts(forward: fx.GraphModule, backward: fx.GraphModule) -> lis
     instead, at half the bytes, and the cast is computed inside each reader from it: what the
     readers load is what eager's kernels read, the gradient rounded to its own type. For the
     ``forward`` and ``backward`` modules inductor compiles (the backward's reductions far from
-    their readers stay unfused there, :func:`planner.memory.far_epilogues`). Returns the values
-    so stored."""
+    their readers stay unfused there, :func:`planner.memory.far_epilogues`); ``channels_last``:
+    inductor lays out the graph's convolutions channels-last, and 4-D casts are left to it.
+    Returns the values so stored."""
     from planner.memory import far_epilogues, narrow_cast_input
 
     stored = []
     for module in (forward, backward):
         graph, far, own = module.graph, None, []
         for cast in list(graph.nodes):
-            if narrow_cast_input(cast, None) is None:  # the cheap part first: far is found only where it passes
+            if narrow_cast_input(cast, None, channels_last) is None:  # the cheap part first: far only where it passes
                 continue
             if far is None:
                 steps = [n for n in graph.nodes if n.op != "output"]
                 far = far_epilogues(steps, True) if module is backward else frozenset()
-            if (narrow := narrow_cast_input(cast, far)) is not None:
+            if (narrow := narrow_cast_input(cast, far, channels_last)) is not None:
                 _read_as_traced(graph, narrow)
                 own.append(narrow)
         if own:

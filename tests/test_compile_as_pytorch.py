@@ -1,6 +1,7 @@
 """Budget 1.0 at PyTorch's split is torch.compile's own step: its graphs, its inductor settings."""
 import pytest
 import torch
+from torch import nn
 import torch._inductor.compile_fx as compile_fx_module
 import torch._inductor.config as inductor_config
 
@@ -45,14 +46,37 @@ def _step(module, inputs):
     (out if out.dim() == 0 else out.sum()).backward()
 
 
-@pytest.mark.parametrize("model", ["gpt", "views_inplace"])
+class _ResidualCNN(nn.Module):
+    """Two convolutions with BatchNorm around a residual sum, then a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.bn2(self.conv2(y)) + x)
+        return self.head(y.mean((2, 3))).float().sum()
+
+
+def _bf16_residual_cnn():
+    """In bfloat16, on the CPU, where inductor lays out convolutions channels-last: the residual
+    gradient reaches BatchNorm's backward through a widening cast."""
+    torch.manual_seed(0)
+    return _ResidualCNN().to(torch.bfloat16), (torch.randn(4, 8, 16, 16, dtype=torch.bfloat16),)
+
+
+@pytest.mark.parametrize("model", ["gpt", "views_inplace", "bf16_residual_cnn"])
 def test_budget_one_at_the_split_compiles_the_graphs_torch_compile_compiles(model, compiled):
-    network, inputs = MODELS[model]()
+    make = {**MODELS, "bf16_residual_cnn": _bf16_residual_cnn}[model]
+    network, inputs = make()
     _step(_torch_compile(network), inputs)
     stock = list(compiled)
     assert len(stock) == 2
     compiled.clear()
-    network, inputs = MODELS[model]()
+    network, inputs = make()
     planned = planner.compile(network, memory_budget=1.0, solver="greedy", time_limit=5)
     _step(planned, inputs)
     decision = planned.planner_backend.graphs[0].decision
@@ -131,6 +155,10 @@ def test_where_pytorchs_partitioner_fails_the_planner_emits_the_split_and_says_s
     def fails(*args, **kwargs):
         raise RuntimeError("no split here")
 
+    # the split weighed once in this process (kept per graph), then failing where it is compiled
+    network, inputs = MODELS["mlp"]()
+    _step(planner.compile(network, memory_budget=1.0, solver="greedy", time_limit=5), inputs)
+    compiled.clear()
     monkeypatch.setattr(_torch_compat, "pytorch_split_modules", fails)
     network, inputs = MODELS["mlp"]()
     planned = planner.compile(network, memory_budget=1.0, solver="greedy", time_limit=5)
