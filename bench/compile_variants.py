@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -63,9 +62,11 @@ def variants(args) -> list[tuple[str, object]]:
 
 def kernel_families(run, params, batch) -> tuple[dict[str, tuple[float, int]], dict[str, tuple[float, int]]]:
     """GPU milliseconds and kernel count per kernel family, and per kernel name
-    (:func:`_kernel_name`), in one profiled step."""
+    (:func:`bench.gpu_step.kernel_name`), in one profiled step."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from bench.gpu_step import kernel_name
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run(*batch).backward()
@@ -77,17 +78,11 @@ def kernel_families(run, params, batch) -> tuple[dict[str, tuple[float, int]], d
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        for total in (families[_family(event.name)], names[_kernel_name(event.name)]):
+        for total in (families[_family(event.name)], names[kernel_name(event.name)]):
             total[0] += event.device_time_total / 1e3
             total[1] += 1
     return ({k: (round(v[0], 3), v[1]) for k, v in families.items()},
             {k: (round(v[0], 4), v[1]) for k, v in names.items()})
-
-
-def _kernel_name(name: str) -> str:
-    """A kernel's name without launch arguments or a trailing number (inductor numbers its
-    kernels in the order it generates them, which differs between two compiles of alike code)."""
-    return re.sub(r"_\d+$", "", name.split("(")[0])[:120]
 
 
 def _family(name: str) -> str:

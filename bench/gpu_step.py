@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import statistics
 import time
 from pathlib import Path
@@ -100,7 +101,8 @@ def kernel_and_host(run, params, batch, steps: int = 3) -> dict:
     the step runs (each one the host launches), and ``host_ms``, the median time
     the host takes to launch a step (from the call until ``backward()`` returns, the GPU idle at
     the start). Where ``host_ms`` is most of the step time, the step is bound by the host: the
-    GPU waits on launches, and two steps of the same kernels time apart by the host's noise."""
+    GPU waits on launches, and two steps of the same kernels time apart by the host's noise.
+    ``kernel_names``: per kernel name (:func:`kernel_name`), its GPU ms and launches per step."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -119,7 +121,28 @@ def kernel_and_host(run, params, batch, steps: int = 3) -> dict:
         torch.cuda.synchronize()
     work = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     busy = sum(e.device_time for e in work)  # microseconds
-    return {"kernel_ms": busy / 1e3 / steps, "launches": len(work) / steps, "host_ms": statistics.median(hosts)}
+    names: dict[str, list[float]] = {}
+    for e in work:
+        total = names.setdefault(kernel_name(e.name), [0.0, 0])
+        total[0] += e.device_time / 1e3 / steps
+        total[1] += 1 / steps
+    return {"kernel_ms": busy / 1e3 / steps, "launches": len(work) / steps, "host_ms": statistics.median(hosts),
+            "kernel_names": {k: [round(ms, 4), round(n, 2)] for k, (ms, n) in names.items()}}
+
+
+def kernel_name(name: str) -> str:
+    """A kernel's name without launch arguments or a trailing number (inductor numbers its
+    kernels in the order it generates them, which differs between two compiles of alike code)."""
+    return re.sub(r"_\d+$", "", name.split("(")[0])[:120]
+
+
+def differing_kernels(row: dict, ref: dict, most: int = 3) -> list[tuple[str, float, float]]:
+    """The kernel names whose GPU ms per step differ most between ``ref`` and ``row`` (rows with
+    :func:`kernel_and_host`'s ``kernel_names``): ``(name, ref's ms, row's ms)``, largest first."""
+    mine, theirs = row.get("kernel_names") or {}, ref.get("kernel_names") or {}
+    ms = {k: (theirs.get(k, (0.0, 0))[0], mine.get(k, (0.0, 0))[0]) for k in set(mine) | set(theirs)}
+    order = sorted(ms, key=lambda k: (-abs(ms[k][1] - ms[k][0]), k))[:most]
+    return [(k, *ms[k]) for k in order]
 
 
 def _clear(params) -> None:
