@@ -62,11 +62,11 @@ def variants(args) -> list[tuple[str, object]]:
 
 def kernel_families(run, params, batch) -> tuple[dict[str, tuple[float, int]], dict[str, tuple[float, int]]]:
     """GPU milliseconds and kernel count per kernel family, and per kernel name
-    (:func:`bench.gpu_step.kernel_name`), in one profiled step."""
+    (:func:`bench.gpu_step.kernel_times`), in one profiled step."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from bench.gpu_step import kernel_name
+    from bench.gpu_step import kernel_times
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run(*batch).backward()
@@ -74,15 +74,12 @@ def kernel_families(run, params, batch) -> tuple[dict[str, tuple[float, int]], d
     for p in params:
         p.grad = None
     families: dict[str, list] = defaultdict(lambda: [0.0, 0])
-    names: dict[str, list] = defaultdict(lambda: [0.0, 0])
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        for total in (families[_family(event.name)], names[kernel_name(event.name)]):
-            total[0] += event.device_time_total / 1e3
-            total[1] += 1
-    return ({k: (round(v[0], 3), v[1]) for k, v in families.items()},
-            {k: (round(v[0], 4), v[1]) for k, v in names.items()})
+    work = [event for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    for event in work:
+        family = families[_family(event.name)]
+        family[0] += event.device_time_total / 1e3
+        family[1] += 1
+    return {k: (round(v[0], 3), v[1]) for k, v in families.items()}, kernel_times(work)
 
 
 def _family(name: str) -> str:
@@ -145,17 +142,16 @@ def report(rows: list[dict]) -> list[str]:
 
 def _differing_kernels(model: str, profiled: list[dict], most: int = 15) -> list[str]:
     """The kernel names whose GPU time differs most between the first two profiled variants."""
+    from bench.gpu_step import differing_kernels
+
     if not all("kernel_names" in r for r in profiled[:2]):
         return []
-    first, second = (r["kernel_names"] for r in profiled[:2])
-    def ms(table, name):
-        return table.get(name, (0.0, 0))
-    order = sorted(set(first) | set(second), key=lambda k: -abs(ms(second, k)[0] - ms(first, k)[0]))[:most]
+    first, second = profiled[:2]
     lines = ["", f"{model}: kernels whose GPU time differs most (ms / launches)",
-             f"| kernel | {profiled[0]['variant']} | {profiled[1]['variant']} |", "|---|---|---|"]
-    for name in order:
-        (a, n), (b, m) = ms(first, name), ms(second, name)
-        lines.append(f"| `{name}` | {a:.3f} / {n} | {b:.3f} / {m} |")
+             f"| kernel | {first['variant']} | {second['variant']} |", "|---|---|---|"]
+    for name, a, b in differing_kernels(second, first, most):
+        n, m = (r["kernel_names"].get(name, (0.0, 0))[1] for r in (first, second))
+        lines.append(f"| `{name}` | {a:.3f} / {n:.0f} | {b:.3f} / {m:.0f} |")
     return lines
 
 

@@ -121,13 +121,19 @@ def kernel_and_host(run, params, batch, steps: int = 3) -> dict:
         torch.cuda.synchronize()
     work = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     busy = sum(e.device_time for e in work)  # microseconds
+    return {"kernel_ms": busy / 1e3 / steps, "launches": len(work) / steps, "host_ms": statistics.median(hosts),
+            "kernel_names": kernel_times(work, steps)}
+
+
+def kernel_times(events, steps: int = 1) -> dict[str, list[float]]:
+    """GPU milliseconds and launches per step of each kernel name (:func:`kernel_name`) among
+    the profiler's GPU ``events`` of ``steps`` steps."""
     names: dict[str, list[float]] = {}
-    for e in work:
+    for e in events:
         total = names.setdefault(kernel_name(e.name), [0.0, 0])
         total[0] += e.device_time / 1e3 / steps
         total[1] += 1 / steps
-    return {"kernel_ms": busy / 1e3 / steps, "launches": len(work) / steps, "host_ms": statistics.median(hosts),
-            "kernel_names": {k: [round(ms, 4), round(n, 2)] for k, (ms, n) in names.items()}}
+    return {k: [round(ms, 4), round(n, 2)] for k, (ms, n) in names.items()}
 
 
 def kernel_name(name: str) -> str:
