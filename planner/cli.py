@@ -1,7 +1,8 @@
-"""``acplan``: plan a model or compare solvers from the command line.
+"""``acplan``: plan a model, compare solvers, or check that a planned model trains like eager.
 
     acplan plan planner.models:gpt_example --budget 0.5 --solver ilp --out plan.json
     acplan compare planner.models:gpt_example --budgets 1 0.5 0.2 --solvers ilp dp greedy --out-dir out/
+    acplan check planner.models:gpt_example --budgets 1 0 --dtype float64
 
 MODULE:FACTORY names a function taking no arguments and returning ``(model, example_inputs)``.
 """
@@ -83,6 +84,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    import torch
+
+    import planner
+    from planner.check import check_model
+
+    config = _config(args).replace(codegen=args.codegen)
+    dtype = None if args.dtype is None else getattr(torch, args.dtype)
+    rows = check_model(_model_and_inputs(args.factory), [_budget(b) for b in args.budgets],
+                       lambda model, budget: planner.compile(model, memory_budget=budget, config=config),
+                       dtype=dtype, tolerance=args.tolerance, torch_compile=args.codegen == "inductor")
+    print("| run | largest relative difference from eager | in | passed |")
+    print("|---|---|---|---|")
+    for row in rows:
+        verdict = "-" if row["passed"] is None else ("yes" if row["passed"] else f"NO (allowed {row['allowed']:.1e})")
+        print(f"| {row['run']} | {row['relative']:.1e} | {row['where']} | {verdict} |")
+    failed = [row["run"] for row in rows if row["passed"] is False]
+    print(f"\n{'every planned step trains like eager' if not failed else 'DIFFERS from eager: ' + ', '.join(failed)}")
+    return 1 if failed else 0
+
+
 def _budget(text: str) -> float | str:
     """Command-line budgets: a plain number is a fraction, anything else a size (``2GiB``)."""
     try:
@@ -122,6 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"estimators (default flops; available: {', '.join(available_estimators())})")
     c.add_argument("--out-dir", default="acplan-out", help="where compare.md and pareto.png go (default acplan-out)")
     c.set_defaults(run=cmd_compare)
+
+    k = sub.add_parser("check", help="train one step eager, under torch.compile and planned at each budget; compare")
+    common(k)
+    k.add_argument("--budgets", nargs="+", default=["1.0", "0.0"], help="budgets (default 1 0)")
+    k.add_argument("--codegen", choices=("inductor", "eager"), default="inductor",
+                   help="how planned graphs run (default inductor, as torch.compile; eager skips torch.compile's run)")
+    k.add_argument("--dtype", choices=("float64", "float32", "bfloat16", "float16"), default=None,
+                   help="cast the model and its floating inputs first (default: as the factory made them)")
+    k.add_argument("--tolerance", type=float, default=1e-5,
+                   help="a relative difference always allowed (default 1e-5); beyond it, up to 10x torch.compile's")
+    k.set_defaults(run=cmd_check)
     return parser
 
 

@@ -10,6 +10,7 @@ import copy
 import torch
 
 from planner.api import Plan
+from planner.check import train_step
 from planner.compiler import solve_graph
 from planner.config import PlannerConfig
 from planner.models import GPTConfig, gpt_example
@@ -17,14 +18,6 @@ from planner.tracing import capture
 from solvers import available_solvers
 
 BUDGETS = (1.0, 0.5, 0.2)
-
-
-def train_step(run, model, batch, seed: int = 0) -> tuple[float, dict[str, torch.Tensor]]:
-    """Loss and gradients of ``model``'s parameters after one step through ``run``."""
-    torch.manual_seed(seed)
-    loss = run(*batch)
-    loss.backward()
-    return loss.item(), {n: p.grad for n, p in model.named_parameters()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = GPTConfig(n_layer=args.layers)
     model, batch = gpt_example(cfg)
     reference = copy.deepcopy(model)
-    eager_loss, eager_grads = train_step(reference, reference, batch)
+    eager = train_step(reference, reference, batch)
+    eager_loss, eager_grads = eager.output.item(), eager.grads
     joint = capture(model, batch, codegen=args.codegen)
     print(f"GPT: {cfg.n_layer} layers, d_model {cfg.d_model}, seq {cfg.seq_len}, batch {cfg.batch}; "
           f"joint graph of {len(joint)} nodes; eager loss {eager_loss:.6f}\n")
@@ -54,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             torch._dynamo.reset()  # each plan compiles a fresh copy; keep dynamo's per-code cache small
             twin = copy.deepcopy(model)
             planned = Plan(twin, graph_plan, config)
-            loss, grads = train_step(planned.module, twin, batch)
+            done = train_step(planned.module, twin, batch)
+            loss, grads = done.output.item(), done.grads
             diff = max((grads[n] - g).abs().max().item() for n, g in eager_grads.items())
             worst = max(worst, diff, abs(loss - eager_loss))
             p = planned.predicted

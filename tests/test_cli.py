@@ -49,7 +49,7 @@ def test_bad_arguments_exit_non_zero_with_a_message(argv, code, message, capsys)
 
 
 def test_help_documents_every_option(capsys):
-    for command in ("plan", "compare"):
+    for command in ("plan", "compare", "check"):
         with pytest.raises(SystemExit):
             cli.main([command, "--help"])
         text = capsys.readouterr().out

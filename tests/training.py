@@ -5,22 +5,16 @@ import copy
 
 import torch
 
+from planner.check import train_step
+
 SEED = 1234
 
 
 def step(module, inputs, model):
-    """Loss (or output), ``model``'s gradients and buffers after one step of ``module`` under a fixed seed."""
-    torch.manual_seed(SEED)
-    out = module(*inputs)
-    if out.dim():  # a non-scalar output is reduced against a seeded random tangent
-        torch.manual_seed(SEED + 1)
-        (out * torch.randn_like(out)).sum().backward()
-    else:
-        out.backward()
-    # a parameter the loss does not reach, or a frozen one (sinusoidal positions), has none
-    grads = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
-    buffers = {n: b.clone() for n, b in model.named_buffers()}
-    return out.detach(), grads, buffers
+    """Loss (or output), ``model``'s gradients and buffers after one step of ``module`` under a
+    fixed seed (:func:`planner.check.train_step`)."""
+    done = train_step(module, model, inputs, SEED)
+    return done.output, done.grads, done.buffers
 
 
 def assert_same_step(make_model, run_planned, atol=1e-5):

@@ -1,0 +1,127 @@
+"""Does a planned model train like eager? One seeded step of a model eager, under torch.compile and
+planned at each budget, compared tensor by tensor (``acplan check``).
+
+A difference is relative: per tensor (the output, each parameter's gradient, each buffer after the
+step, such as BatchNorm's running statistics) the largest absolute difference from eager's over
+eager's largest magnitude, and the worst over the tensors. Generated kernels sum in other orders
+than eager's, so a compiled step differs a little anyway, and by much more on a model whose step
+amplifies rounding (BatchNorm over a handful of values, say): torch.compile's own difference from
+eager, measured in the same run, is the yardstick. A planned step passes where its difference is
+within ``tolerance`` or within ``SLACK`` times torch.compile's.
+
+Compiled steps run with inductor's ``fallback_random`` on, so that dropout draws what eager draws
+(inductor's own generator draws other numbers); a planned step that recomputes a dropout must
+then draw its masks again exactly.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = ["Difference", "Step", "SLACK", "check_model", "compare_steps", "train_step"]
+
+SLACK = 10.0  # a planned step may differ from eager by this many times torch.compile's difference
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one training step left: its output (detached), each parameter's gradient (None where
+    the step reached none) and each buffer, by name."""
+
+    output: torch.Tensor
+    grads: dict[str, torch.Tensor | None]
+    buffers: dict[str, torch.Tensor]
+
+
+def train_step(run: Callable, model: torch.nn.Module, inputs: Sequence, seed: int = 0) -> Step:
+    """One step of ``run(*inputs)`` (``model`` or a compiled twin of it) under a fixed seed, so that
+    dropout draws the same masks in every run. A scalar output is the loss; any other is reduced
+    against a seeded random tangent. Gradients are taken off ``model`` (set to None)."""
+    torch.manual_seed(seed)
+    out = run(*inputs)
+    if out.dim():
+        torch.manual_seed(seed + 1)
+        (out * torch.randn_like(out)).sum().backward()
+    else:
+        out.backward()
+    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = None
+    return Step(out.detach(), grads, {n: b.detach().clone() for n, b in model.named_buffers()})
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The worst relative difference of a step from eager's, and the tensor it is in."""
+
+    relative: float
+    where: str
+
+
+def compare_steps(got: Step, want: Step) -> Difference:
+    """The worst relative difference of ``got`` from ``want`` (see the module). A gradient one step
+    has and the other lacks, or a tensor of another shape, is an infinite difference."""
+    worst = Difference(0.0, "output")
+    pairs = [("output", got.output, want.output)]
+    pairs += [(f"gradient {n}", got.grads.get(n), g) for n, g in want.grads.items()]
+    pairs += [(f"buffer {n}", got.buffers.get(n), b) for n, b in want.buffers.items()]
+    for where, a, b in pairs:
+        if a is None and b is None:
+            continue
+        if a is None or b is None or a.shape != b.shape:
+            return Difference(float("inf"), where)
+        a, b = a.double(), b.double()
+        scale = b.abs().max().item() if b.numel() else 0.0
+        diff = (a - b).abs().max().item() if b.numel() else 0.0
+        relative = diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+        if relative != relative:  # NaN on one side only
+            relative = float("inf")
+        if relative > worst.relative:
+            worst = Difference(relative, where)
+    return worst
+
+
+def _cast(made: tuple, dtype: torch.dtype | None) -> tuple[torch.nn.Module, tuple]:
+    model, inputs = made
+    if dtype is None:
+        return model, tuple(inputs)
+    inputs = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
+    return model.to(dtype), inputs
+
+
+def check_model(made: tuple, budgets: Sequence[Any], compile_planned: Callable[[torch.nn.Module, Any], Callable],
+                dtype: torch.dtype | None = None, tolerance: float = 1e-5,
+                torch_compile: bool = True) -> list[dict[str, Any]]:
+    """Rows of the check of ``made`` (``(model, example_inputs)``): torch.compile's difference from
+    eager (where ``torch_compile``), then each budget's (``compile_planned(model, budget)`` returns
+    the planned twin to run) with ``passed``. ``dtype`` casts the model and its floating inputs
+    first (float64 makes rounding small enough to tell a wrong plan from a reordered sum)."""
+    model, inputs = _cast(made, dtype)
+    model.train()
+    base = copy.deepcopy(model)  # every run starts from the same weights and buffers
+    eager = train_step(model, model, inputs)
+    rows: list[dict[str, Any]] = []
+    allowed = tolerance
+
+    def compiled_step(run: Callable, twin: torch.nn.Module) -> Difference:
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(fallback_random=True):  # compiled lazily, in the first call
+            return compare_steps(train_step(run, twin, inputs), eager)
+
+    if torch_compile:
+        torch._dynamo.reset()
+        twin = copy.deepcopy(base)
+        found = compiled_step(torch.compile(twin), twin)
+        rows.append({"run": "torch.compile", "relative": found.relative, "where": found.where, "passed": None})
+        allowed = max(tolerance, SLACK * found.relative)
+    for budget in budgets:
+        torch._dynamo.reset()
+        twin = copy.deepcopy(base)
+        found = compiled_step(compile_planned(twin, budget), twin)
+        rows.append({"run": f"planner, budget {budget}", "relative": found.relative, "where": found.where,
+                     "passed": found.relative <= allowed, "allowed": allowed})
+    return rows

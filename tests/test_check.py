@@ -1,0 +1,67 @@
+"""``acplan check``: one seeded step eager, under torch.compile and planned, compared tensor by tensor."""
+import copy
+
+import pytest
+import torch
+
+from planner import cli
+from planner.check import SLACK, Step, check_model, compare_steps, train_step
+from tests.models import MODELS
+
+
+def tiny_cnn():
+    return MODELS["cnn"]()
+
+
+def tiny_gpt():
+    return MODELS["gpt"]()  # dropout 0.1: the planned step must draw eager's masks
+
+
+def test_check_passes_planned_models_and_prints_the_table(capsys):
+    code = cli.main(["check", "tests.test_check:tiny_gpt", "--budgets", "1", "0", "--time-limit", "1", "--dtype", "float64"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "| torch.compile |" in printed and printed.count("| yes |") == 2
+    assert "every planned step trains like eager" in printed
+
+
+def test_a_planned_step_that_differs_fails_the_check():
+    def wrong(model, budget):  # a "plan" that trains another model: one weight moved
+        with torch.no_grad():
+            next(model.parameters()).add_(1e-3)
+        return model
+
+    rows = check_model(tiny_cnn(), [1.0], wrong, dtype=torch.float64, torch_compile=False)
+    (row,) = rows
+    assert row["passed"] is False and row["relative"] > 1e-5
+
+
+def test_a_planned_step_drawing_other_dropout_masks_fails_the_check():
+    def reseeded(model, budget):  # draws its dropout masks from another seed
+        def run(*inputs):
+            torch.manual_seed(99)
+            return model(*inputs)
+        return run
+
+    (row,) = check_model(tiny_gpt(), [0.0], reseeded, torch_compile=False)
+    assert row["passed"] is False
+
+
+def test_the_allowance_follows_torch_compiles_own_difference():
+    rows = check_model(tiny_cnn(), [0.0], lambda model, budget: torch.compile(model), tolerance=0.0)
+    reference, planned = rows
+    assert reference["run"] == "torch.compile" and reference["passed"] is None
+    assert planned["allowed"] == pytest.approx(SLACK * reference["relative"])
+    assert planned["passed"] is (planned["relative"] <= planned["allowed"])
+
+
+def test_compare_steps_names_the_worst_tensor_and_a_missing_gradient():
+    model, inputs = MODELS["mlp"]()
+    want = train_step(model, model, inputs)
+    got = copy.deepcopy(want)
+    name = next(iter(got.grads))
+    got.grads[name] = got.grads[name] * (1 + 1e-3)
+    found = compare_steps(got, want)
+    assert found.where == f"gradient {name}" and found.relative == pytest.approx(1e-3, rel=1e-2)
+    missing = Step(want.output, {**want.grads, name: None}, want.buffers)
+    assert compare_steps(missing, want).relative == float("inf")
