@@ -255,6 +255,8 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     def inner_compile(module: fx.GraphModule, inputs: list, **kwargs: Any) -> Any:
         request = next(iter(module.graph.find_nodes(op="output"))).meta.get(_KEPT)
         lowered.graph = None
+        if kwargs.get("is_backward"):
+            undonate_aliased_inputs(module)
         with inductor_config.patch(stock) if compiled_as_pytorch(module) else contextlib.nullcontext():
             compiled = compile_fx_inner(module, inputs, **kwargs)
         if request is not None and lowered.graph is not None:
@@ -269,6 +271,36 @@ def inductor_compile(gm: fx.GraphModule, example_inputs: list, partition_fn: Cal
     patches = {"custom_partitioner_fn": _Partitioner(), "fx_graph_cache": False, **own, **(options or {})}
     # config_patches, unlike a patch around the call, also covers a backward compiled lazily
     return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
+
+
+def undonate_aliased_inputs(backward: fx.GraphModule) -> list[int]:
+    """Take out of AOTAutograd's donated backward buffers (``fw_metadata.bw_donated_idxs``, which
+    inductor may overwrite once it has read them) every input of ``backward`` that shares a
+    storage with another of its inputs; the indices taken out.
+
+    AOTAutograd donates each saved value that shares no storage with the forward's inputs or the
+    caller's outputs, but does not look at the saved values among themselves. Where a plan saves
+    a value and a view of it as two inputs, inductor counted the value dead after its last direct
+    read and wrote a kernel's output into it while the view was still to be read: timm's VOLO at
+    budget 0.5 (float64, CPU) trained with gradients off by 130% until this."""
+    from torch._guards import TracingContext
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    context = TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    donated = getattr(meta, "bw_donated_idxs", None)
+    if not donated:
+        return []
+    by_storage: dict[Any, list[int]] = {}
+    for k, node in enumerate(backward.graph.find_nodes(op="placeholder")):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and not val.is_sparse:
+            by_storage.setdefault(StorageWeakRef(val.untyped_storage()), []).append(k)
+    shared = {k for ks in by_storage.values() if len(ks) > 1 for k in ks}
+    taken = sorted(shared.intersection(donated))
+    if taken:
+        meta.bw_donated_idxs = [k for k in donated if k not in shared]
+    return taken
 
 
 _AS_PYTORCH = "acplan_compiled_as_pytorch"  # output node meta: compile this module as torch.compile does

@@ -71,6 +71,7 @@ the torch-free :class:`~planner.schedule.Schedule` the solvers plan with.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from contextlib import contextmanager
 from functools import lru_cache
 from dataclasses import dataclass, field
@@ -1790,6 +1791,10 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
     # (AOTAutograd's donated buffers leave out aliases of user outputs), so no kernel writes into it
     walk.undonated = {key for out in to_caller if isinstance(out, fx.Node) for key in walk.keys.get(out, ())}
     saved_keys = [walk.keys.get(out, ()) for out in fwd_out[num_fwd_outputs:]]
+    # nor are saved values sharing a storage with one another (a value and a view of it): the
+    # backward's compile takes them out of the donated buffers (_torch_compat.undonate_aliased_inputs)
+    shared = Counter(key for keys in saved_keys for key in set(keys))
+    walk.undonated |= {key for key, count in shared.items() if count > 1}
     inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
     carried = dict(zip(inputs, saved_keys))
     carried_strides = {p.name: stored[out] for p, out in zip(inputs, fwd_out[num_fwd_outputs:]) if out in stored}

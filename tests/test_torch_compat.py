@@ -702,3 +702,28 @@ def test_on_the_cpu_a_reused_value_computing_a_heavy_op_is_stored_as_inductor_st
     missed = [name for report in found.values() for name in report["unmodelled"]]
     assert not [name for name in missed if name.startswith("convert_element_type")], missed
     assert not [name for name in found["backward"]["unmodelled"] if not name.startswith(("sum", "mean", "amax"))], found
+
+
+def test_saved_values_sharing_a_storage_are_not_donated_to_the_backward():
+    """A saved value and a view of it, two inputs of the backward: AOTAutograd donates both, and
+    inductor may write into the value after its last direct read while the view is still to be
+    read. Only inputs sharing no storage with another stay donated."""
+    from types import SimpleNamespace
+
+    from torch._guards import TracingContext, tracing
+
+    from planner._torch_compat import undonate_aliased_inputs
+
+    base, other = torch.randn(4, 6), torch.randn(3)
+    graph = torch.fx.Graph()
+    for name, val in (("value", base), ("view", base.t()), ("alone", other), ("tangents_1", torch.randn(2))):
+        graph.placeholder(name).meta["val"] = val
+    graph.output(None)
+    backward = torch.fx.GraphModule(torch.nn.Module(), graph)
+    context = TracingContext(None)
+    context.fw_metadata = SimpleNamespace(bw_donated_idxs=[0, 1, 2])
+    with tracing(context):
+        assert undonate_aliased_inputs(backward) == [0, 1]
+    assert context.fw_metadata.bw_donated_idxs == [2]
+    with tracing(context):  # nothing left to take out
+        assert undonate_aliased_inputs(backward) == []
