@@ -77,7 +77,7 @@ def compare_steps(got: Step, want: Step) -> Difference:
         scale = b.abs().max().item() if b.numel() else 0.0
         diff = (a - b).abs().max().item() if b.numel() else 0.0
         relative = diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
-        if relative != relative:  # NaN on one side only
+        if relative != relative:  # a NaN in either step (eager's too) is no match
             relative = float("inf")
         if relative > worst.relative:
             worst = Difference(relative, where)
