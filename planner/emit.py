@@ -75,7 +75,27 @@ def _emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...], offloaded
     kept = _insert_transfers(joint, kept, offloaded)
     saved_values, saved_syms = _saved_values(joint, kept, [r.state for r in replays.values()])
     joint.graph.lint()
-    return _torch_compat.extract_fwd_bwd_modules(joint.module, saved_values, saved_syms, joint.num_fwd_outputs)
+    forward, backward = _torch_compat.extract_fwd_bwd_modules(joint.module, saved_values, saved_syms,
+                                                              joint.num_fwd_outputs)
+    _drop_recomputation(forward)
+    return forward, backward
+
+
+def _drop_recomputation(forward: fx.GraphModule) -> None:
+    """Take the backward's copies of recomputed nodes out of ``forward``.
+
+    The split copies into the forward every node whose inputs it has, and then removes those no
+    output needs, but keeps a random op (dropout, and every attention kernel, which takes a dropout
+    probability) where inductor's ``fallback_random`` is on: so the backward's recomputed attention,
+    and all it reads, ran in the forward too, unread (and on the CPU a recomputed dropout there
+    failed inductor's compile, its saved RNG state a real tensor under fake tensors). Nothing the
+    forward returns reads a copy."""
+    graph = forward.graph
+    for node in reversed(list(graph.nodes)):
+        if node.meta.get("recomputed") and node.op == "call_function" and not node.users:
+            graph.erase_node(node)
+    graph.lint()
+    forward.recompile()
 
 
 @dataclass(frozen=True)
@@ -165,10 +185,15 @@ def _insert_recomputation(joint: JointGraph, recomputed: set[fx.Node], replays: 
                         copy_of(user, before)
         return copies[node]
 
-    backward = [n for n in graph.nodes if n in joint.backward_nodes or n.op == "output"]
-    for user in backward:
+    for user in [n for n in graph.nodes if n in joint.backward_nodes]:
         user.args = fx.map_arg(user.args, lambda a: copy_of(a, user))
         user.kwargs = fx.map_arg(user.kwargs, lambda a: copy_of(a, user))
+    # the gradients; a forward output the backward recomputes is still returned as the forward made it
+    output, forward_count = joint.output_node, joint.num_fwd_outputs
+    outputs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    outputs[forward_count:] = [fx.map_arg(a, lambda x: copy_of(x, output)) for a in outputs[forward_count:]]
+    output.args = (type(output.args[0])(outputs) if isinstance(output.args[0], (list, tuple)) else outputs[0],
+                   *output.args[1:])
 
 
 def store_narrow_random(graph: fx.Graph) -> list[fx.Node]:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from planner import cli
-from planner.check import SLACK, Step, check_model, compare_steps, train_step
+from planner.check import FLOOR, SLACK, Step, check_model, compare_steps, train_step
 from tests.models import MODELS
 
 
@@ -65,3 +65,19 @@ def test_compare_steps_names_the_worst_tensor_and_a_missing_gradient():
     assert found.where == f"gradient {name}" and found.relative == pytest.approx(1e-3, rel=1e-2)
     missing = Step(want.output, {**want.grads, name: None}, want.buffers)
     assert compare_steps(missing, want).relative == float("inf")
+
+
+def test_a_gradient_zero_but_for_rounding_is_measured_against_the_steps_largest():
+    model, inputs = MODELS["mlp"]()
+    want = train_step(model, model, inputs)
+    names = sorted(want.grads, key=lambda n: want.grads[n].abs().max().item())
+    largest = want.grads[names[-1]].abs().max().item()
+    # eager's gradient of one parameter is rounding (as an attention key's bias), the step's is other rounding
+    rounding = {**want.grads, names[0]: torch.full_like(want.grads[names[0]], 1e-12 * largest)}
+    got = Step(want.output, {**rounding, names[0]: -rounding[names[0]]}, want.buffers)
+    found = compare_steps(got, Step(want.output, rounding, want.buffers))
+    assert found.relative == pytest.approx(2e-12 / FLOOR, rel=1e-6)
+    # a gradient as small, wrong by as much as the floor, still counts in full
+    wrong = {**rounding, names[0]: rounding[names[0]] + FLOOR * largest}
+    assert compare_steps(Step(want.output, wrong, want.buffers), Step(want.output, rounding, want.buffers)).relative \
+        == pytest.approx(1.0, rel=1e-6)

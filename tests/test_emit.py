@@ -144,6 +144,67 @@ def test_attention_asked_for_no_dropout_is_recomputed_as_itself():
     assert build_problem(joint, get_estimator("flops")).random.any()
 
 
+class _DroppedAttention(torch.nn.Module):
+    """Dropout, then attention: attention kernels take a dropout probability, so are random ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, x):
+        h = torch.nn.functional.dropout(x, 0.1, self.training)
+        q, k, v = self.qkv(h).view(8, 16, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return torch.tanh(y).square().mean()
+
+
+def test_the_forward_runs_none_of_the_backwards_recomputation():
+    # The split copies into the forward every node whose inputs it has and drops those no output
+    # reads, but keeps random ops where random ops count as effects (inductor's fallback_random,
+    # or no compile at all): the recomputed attention, and the dropout replayed before it
+    from planner.bounds import min_memory_plan
+    from tests.training import assert_same_step
+
+    joint = planner.capture(_DroppedAttention(), (torch.randn(8, 16, 32),))  # x larger than the RNG state
+    problem = build_problem(joint, get_estimator("flops"))
+    plan = min_memory_plan(problem)
+    recomputed = {problem.names[i] for i in plan.recomputed.nonzero()[0]}
+    attention = "_scaled_dot_product_flash_attention_for_cpu"
+    assert attention in recomputed and any(name.startswith("native_dropout") for name in recomputed)
+    fw, bw = emit(joint, problem, tuple(problem.names[i] for i in plan.saved.nonzero()[0]))
+    assert not [n.name for n in fw.graph.nodes if n.meta.get("recomputed")]
+    assert len([n for n in calls(fw) if attention in str(n.target)]) == 1
+    assert [n for n in calls(bw) if n.target is _torch_compat.run_with_rng_state()]
+    # compiled by inductor drawing eager's random numbers (it failed: the replay's RNG state, made
+    # in the same forward, was a real tensor where inductor's compile wants fake ones)
+    with torch._inductor.config.patch(fallback_random=True):
+        assert_same_step(lambda: (_DroppedAttention(), (torch.randn(8, 16, 32),)),
+                         lambda m, x: planner.compile(m, memory_budget=0.0, time_limit=5))
+
+
+class _Returned(torch.nn.Module):
+    """A loss and a hidden state for the caller (as a graph before a break), which the loss reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = torch.tanh(self.layer(x))
+        return (h * h).sum(), h
+
+
+def test_a_forward_output_the_backward_recomputes_is_made_once_in_the_forward():
+    joint = planner.capture(_Returned(), (torch.randn(4, 16),))
+    problem = build_problem(joint, get_estimator("flops"))
+    (tanh,) = [n.name for n in joint.fwd_outputs if "tanh" in str(n.target)]
+    saved = tuple(name for name, must in zip(problem.names, ~problem.recomputable) if must and name != tanh)
+    assert tanh in {problem.names[i] for i in evaluate_names(problem, saved).recomputed.nonzero()[0]}
+    fw, bw = emit(joint, problem, saved)
+    assert len([n for n in calls(fw) if n.target is torch.ops.aten.tanh.default]) == 1
+    assert [n for n in calls(bw) if n.target is torch.ops.aten.tanh.default]
+
+
 def test_nothing_is_recomputed_at_budget_one():
     problem, decision, _, fw, bw = emitted("gpt", 1.0)
     assert not any(n.meta.get("recomputed") and problem.runtime[problem.index([n.name])[0]] > 0
