@@ -4,10 +4,11 @@ planned at each budget, compared tensor by tensor (``acplan check``).
 A difference is relative: per tensor (the output, each parameter's gradient, each buffer after the
 step, such as BatchNorm's running statistics) the largest absolute difference from eager's over
 eager's largest magnitude, and the worst over the tensors. A gradient is measured against at
-least ``FLOOR`` times the step's largest gradient magnitude: a gradient that is zero but for
-rounding (an attention key's bias, which softmax cancels; a pooler no loss reaches) is all
-rounding, and against its own magnitude would differ by 100% or more in any compiled step, which
-would make torch.compile's yardstick useless for the rest. Generated kernels sum in other orders
+least ``FLOOR`` times the step's largest gradient magnitude, and a buffer against the largest
+buffer's: one that is zero but for rounding (an attention key's bias, which softmax cancels; a
+pooler no loss reaches; the running mean of a BatchNorm fed by one whose shift is still zero) is
+all rounding, and against its own magnitude would differ by 100% or more in any compiled step,
+which would make torch.compile's yardstick useless for the rest. Generated kernels sum in other orders
 than eager's, so a compiled step differs a little anyway, and by much more on a model whose step
 amplifies rounding (BatchNorm over a handful of values, say): torch.compile's own difference from
 eager, measured in the same run, is the yardstick. A planned step passes where its difference is
@@ -21,14 +22,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 __all__ = ["Difference", "FLOOR", "Step", "SLACK", "check_model", "compare_steps", "train_step"]
 
 SLACK = 10.0  # a planned step may differ from eager by this many times torch.compile's difference
-FLOOR = 1e-3  # a gradient is measured against at least this times the step's largest gradient magnitude
+FLOOR = 1e-3  # a gradient (buffer) is measured against at least this times the step's largest gradient's (buffer's)
 
 
 @dataclass(frozen=True)
@@ -67,14 +68,20 @@ class Difference:
 
 
 def compare_steps(got: Step, want: Step) -> Difference:
-    """The worst relative difference of ``got`` from ``want`` (see the module; a gradient against at
-    least :data:`FLOOR` times ``want``'s largest). A gradient one step has and the other lacks, or a
-    tensor of another shape, is an infinite difference."""
+    """The worst relative difference of ``got`` from ``want`` (see the module; a gradient or buffer
+    against at least :data:`FLOOR` times ``want``'s largest of its kind). A gradient one step has
+    and the other lacks, or a tensor of another shape, is an infinite difference."""
     worst = Difference(0.0, "output")
-    floor = FLOOR * max((g.abs().max().item() for g in want.grads.values() if g is not None and g.numel()), default=0.0)
+
+    def floor(tensors: Iterable[torch.Tensor | None]) -> float:
+        return FLOOR * max((t.abs().max().item() for t in tensors
+                            if t is not None and t.numel() and t.is_floating_point()), default=0.0)
+
     pairs = [("output", got.output, want.output, 0.0)]
-    pairs += [(f"gradient {n}", got.grads.get(n), g, floor) for n, g in want.grads.items()]
-    pairs += [(f"buffer {n}", got.buffers.get(n), b, 0.0) for n, b in want.buffers.items()]
+    least = floor(want.grads.values())
+    pairs += [(f"gradient {n}", got.grads.get(n), g, least) for n, g in want.grads.items()]
+    least = floor(want.buffers.values())
+    pairs += [(f"buffer {n}", got.buffers.get(n), b, least) for n, b in want.buffers.items()]
     for where, a, b, least in pairs:
         if a is None and b is None:
             continue

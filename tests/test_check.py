@@ -81,3 +81,15 @@ def test_a_gradient_zero_but_for_rounding_is_measured_against_the_steps_largest(
     wrong = {**rounding, names[0]: rounding[names[0]] + FLOOR * largest}
     assert compare_steps(Step(want.output, wrong, want.buffers), Step(want.output, rounding, want.buffers)).relative \
         == pytest.approx(1.0, rel=1e-6)
+
+
+def test_a_buffer_zero_but_for_rounding_is_measured_against_the_steps_largest():
+    model, inputs = MODELS["cnn"]()  # BatchNorm: running means and variances
+    want = train_step(model, model, inputs)
+    floating = sorted((n for n, b in want.buffers.items() if b.is_floating_point()),
+                      key=lambda n: want.buffers[n].abs().max().item())
+    largest = want.buffers[floating[-1]].abs().max().item()
+    rounding = {**want.buffers, floating[0]: torch.full_like(want.buffers[floating[0]], 1e-12 * largest)}
+    got = Step(want.output, want.grads, {**rounding, floating[0]: -rounding[floating[0]]})
+    found = compare_steps(got, Step(want.output, want.grads, rounding))
+    assert found.relative == pytest.approx(2e-12 / FLOOR, rel=1e-6)
