@@ -47,7 +47,36 @@ def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...],
         forward, backward = _emit(whole, problem, saved, offloaded or {}, parts)
     if fuse:
         store_narrow_casts(forward, backward, channels_last=whole is not None)
+        for module in (forward, backward):
+            as_strided_reads_as_traced(module)
     return forward, backward
+
+
+def as_strided_reads_as_traced(module: fx.GraphModule) -> list[fx.Node]:
+    """Make every ``as_strided`` of ``module`` read its input laid out as traced
+    (:func:`_torch_compat.as_traced_strides`); the inputs so laid out.
+
+    ``as_strided`` reads its input's storage through the strides it is given, which the trace
+    wrote for the input's layout then (AOTAutograd writes some reshapes of a norm's statistics
+    so). Inductor lays a value out as it likes: a forward laid out channels-last hands the
+    backward saved values of other strides than traced, and a value the backward computes from
+    them took their order. A plan that recomputed such a reshape in the backward (BiT's
+    weight-standardised GroupNorm, transformers, at budget 0) read the wrong elements: gradients
+    73% off, float64 on the CPU. An input whose traced layout has gaps or overlaps is left as it
+    is (no layout of its own could give it back)."""
+    graph, laid_out = module.graph, []
+    for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.as_strided.default)):
+        source = node.args[0]
+        if not isinstance(source, fx.Node) or not replays_as_traced(source.meta.get("val")):
+            continue
+        meta = {key: node.meta[key] for key in ("partitioner_tag", "recomputed") if key in node.meta}
+        with graph.inserting_before(node):
+            node.args = (_as_traced(graph, source, meta), *node.args[1:])
+        laid_out.append(source)
+    if laid_out:
+        graph.lint()
+        module.recompile()
+    return laid_out
 
 
 def _copied_parts(forward: fx.GraphModule, num_fwd_outputs: int) -> frozenset[str]:

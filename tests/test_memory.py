@@ -1966,7 +1966,9 @@ def test_a_gradient_read_through_a_widening_cast_by_several_kernels_is_stored_na
     backend = planner.backend(memory_budget=budget)
     _, codes = run_and_get_code(lambda: torch.compile(model, backend=backend)(audio).backward())
     backward = backend._emitted[0][1]
-    forced = [n for n in backward.graph.nodes if "inductor_force_stride_order" in str(n.target)]
+    # (GroupNorm's statistics reshaped by as_strided are laid out as traced too: emit.as_strided_reads_as_traced)
+    forced = [n for n in backward.graph.nodes if "inductor_force_stride_order" in str(n.target)
+              and any(u.target is not torch.ops.aten.as_strided.default for u in n.users)]
     assert forced and all(n.args[0].meta["val"].dtype == torch.bfloat16 for n in forced)
     assert all(u.meta["val"].dtype == torch.float32 for n in forced for u in n.users)
     size = 4 * 64 * 3199
