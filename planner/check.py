@@ -8,8 +8,8 @@ least ``FLOOR`` times the step's largest gradient magnitude, and a buffer agains
 buffer's: one that is zero but for rounding (an attention key's bias, which softmax cancels; a
 pooler no loss reaches; the running mean of a BatchNorm fed by one whose shift is still zero) is
 all rounding, and against its own magnitude would differ by 100% or more in any compiled step,
-which would make torch.compile's yardstick useless for the rest. Generated kernels sum in other orders
-than eager's, so a compiled step differs a little anyway, and by much more on a model whose step
+which would make torch.compile's yardstick useless for the rest. Generated kernels sum in other
+orders than eager's, so a compiled step differs a little anyway, and by much more on a model whose step
 amplifies rounding (BatchNorm over a handful of values, say): torch.compile's own difference from
 eager, measured in the same run, is the yardstick. A planned step passes where its difference is
 within ``tolerance`` or within ``SLACK`` times torch.compile's.

@@ -62,7 +62,7 @@ def as_strided_reads_as_traced(module: fx.GraphModule) -> list[fx.Node]:
     backward saved values of other strides than traced, and a value the backward computes from
     them took their order. A plan that recomputed such a reshape in the backward (BiT's
     weight-standardised GroupNorm, transformers, at budget 0) read the wrong elements: gradients
-    73% off, float64 on the CPU. An input whose traced layout has gaps or overlaps is left as it
+    11% off, float64 on the CPU. An input whose traced layout has gaps or overlaps is left as it
     is (no layout of its own could give it back)."""
     graph, laid_out = module.graph, []
     for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.as_strided.default)):
