@@ -119,12 +119,14 @@ def _drop_recomputation(forward: fx.GraphModule) -> None:
     and all it reads, ran in the forward too, unread (and on the CPU a recomputed dropout there
     failed inductor's compile, its saved RNG state a real tensor under fake tensors). Nothing the
     forward returns reads a copy."""
-    graph = forward.graph
+    graph, dropped = forward.graph, False
     for node in reversed(list(graph.nodes)):
         if node.meta.get("recomputed") and node.op == "call_function" and not node.users:
             graph.erase_node(node)
-    graph.lint()
-    forward.recompile()
+            dropped = True
+    if dropped:  # the memory model emits plans many times over; most forwards hold no copy
+        graph.lint()
+        forward.recompile()
 
 
 @dataclass(frozen=True)
