@@ -157,9 +157,9 @@ def past_deadline(args) -> bool:
 
 
 def _description(name: str) -> str:
-    from bench.zoo_models import MODELS
+    from bench.zoo_models import spec
 
-    return MODELS[name].description
+    return spec(name).description
 
 
 _HEADER = ("| model | method | budget | peak activation GiB | step ms | GPU busy ms | GPU launches | host ms | predicted GiB "
@@ -308,12 +308,24 @@ def write(rows: list[dict], out: Path, device: str, torch_version: str) -> None:
     print("\n".join(text))
 
 
+def _model_name(name: str) -> str:
+    from bench.zoo_models import spec
+
+    try:
+        spec(name)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return name
+
+
 def main(argv: list[str] | None = None) -> None:
     from bench.zoo_models import MODELS
     from planner.cli import time_limit_arg
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["gpt2", "llama", "vit", "resnet50"])
+    parser.add_argument("--models", nargs="+", type=_model_name, default=["gpt2", "llama", "vit", "resnet50"],
+                        help=f"zoo models ({', '.join(sorted(MODELS))}), or timm:ARCH (any timm architecture, "
+                             "batch 64) or hf:TYPE (a causal LM of any transformers model type at Llama's size)")
     parser.add_argument("--budgets", type=float, nargs="+", default=BUDGETS)
     parser.add_argument("--torch-budgets", type=float, nargs="+", default=TORCH_BUDGETS)
     parser.add_argument("--time-limit", type=time_limit_arg, default="auto",

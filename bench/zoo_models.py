@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["MODELS", "build", "library_checkpointing"]
+__all__ = ["MODELS", "build", "library_checkpointing", "spec"]
 
 
 class _CausalLM(nn.Module):
@@ -689,10 +689,83 @@ MODELS: dict[str, ZooModel] = {
 }
 
 
+# The sizes of a decoder named by its transformers model type (``hf:TYPE``): Llama's bench row.
+_ANY_DECODER = {"bench": (6, 1024, 16, 8, 2816, 2048, 4, 8192), "tiny": (2, 64, 4, 2, 128, 32, 2, 128)}
+
+
+def _any_decoder(model_type: str):
+    """A causal language model of any transformers model type, from that type's default config
+    with the layers, widths, heads, sequence and vocabulary of :data:`_ANY_DECODER` set where the
+    config has the field (its own defaults elsewhere: dropout, norms, activation, rotary)."""
+    def make(size: str):
+        import transformers
+
+        layers, d, heads, kv, ffn, seq, batch, vocab = _ANY_DECODER[size]
+        try:
+            cfg = transformers.AutoConfig.for_model(model_type)
+        except ValueError:
+            raise ValueError(f"hf:{model_type}: transformers {transformers.__version__} has no model type "
+                             f"{model_type!r} (its names: transformers.CONFIG_MAPPING)") from None
+        sizes = {"num_hidden_layers": layers, "hidden_size": d, "num_attention_heads": heads,
+                 "num_key_value_heads": kv, "intermediate_size": ffn, "head_dim": d // heads,
+                 "max_position_embeddings": seq, "vocab_size": vocab, "use_cache": False}
+        for key, value in sizes.items():
+            if getattr(cfg, key, None) is not None:  # a field the family has and uses
+                setattr(cfg, key, value)
+        for key in ("pad_token_id", "bos_token_id", "eos_token_id"):  # special tokens of the real vocabulary
+            if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) >= vocab:
+                setattr(cfg, key, 0)
+        if getattr(cfg, "layer_types", None) is not None:  # per-layer kinds (sliding, full...) of the first layers
+            cfg.layer_types = list(cfg.layer_types)[:layers]
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+        except ValueError as err:
+            raise ValueError(f"hf:{model_type} has no causal language model in transformers ({err})") from None
+        return _CausalLM(model), _tokens(batch, seq, vocab)
+    return make
+
+
+def _any_timm(arch: str):
+    """Any timm architecture by name: at the bench size batch 64 at its own input size, at the
+    tiny size batch 2 at 64 pixels (built for 64 pixels where it takes an image size)."""
+    def make(size: str):
+        import timm
+
+        if size == "bench":
+            model = timm.create_model(arch, num_classes=1000)
+            batch, image, classes = 64, model.pretrained_cfg.get("input_size", (3, 224, 224))[-1], 1000
+        else:
+            batch, image, classes = 2, 64, 10
+            try:  # models with position tables are built for one size
+                model = timm.create_model(arch, num_classes=classes, img_size=image)
+            except TypeError:
+                model = timm.create_model(arch, num_classes=classes)
+        return _Classifier(model), (torch.randn(batch, 3, image, image), torch.randint(0, classes, (batch,)))
+    return make
+
+
+def spec(name: str) -> ZooModel:
+    """The zoo model ``name``: a key of :data:`MODELS`, or ``timm:ARCH`` (any timm architecture) or
+    ``hf:TYPE`` (a causal language model of any transformers model type at Llama's bench size), so
+    that a model nothing here was tuned on is measured by the same bench."""
+    if name in MODELS:
+        return MODELS[name]
+    library, _, rest = name.partition(":")
+    if library == "timm" and rest:
+        return ZooModel(_any_timm(rest), "timm", f"timm {rest}, batch 64, its own input size, default settings")
+    if library == "hf" and rest:
+        layers, d, heads, kv, ffn, seq, batch, vocab = _ANY_DECODER["bench"]
+        return ZooModel(_any_decoder(rest), "transformers",
+                        f"transformers {rest} (AutoModelForCausalLM from its default config), {layers} layers, d {d}, "
+                        f"{heads} heads / {kv} kv where it has them, ffn {ffn}, seq {seq}, batch {batch}, vocab {vocab}")
+    raise ValueError(f"unknown zoo model {name!r}: use one of {', '.join(sorted(MODELS))}, "
+                     f"or timm:ARCH (a timm architecture) or hf:TYPE (a transformers model type with a causal LM)")
+
+
 def build(name: str, size: str = "bench", device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[nn.Module, tuple]:
-    """A zoo model in training mode and a batch for it, on ``device`` in ``dtype``."""
+    """A zoo model (see :func:`spec`) in training mode and a batch for it, on ``device`` in ``dtype``."""
     torch.manual_seed(0)
-    model, batch = MODELS[name].make(size)
+    model, batch = spec(name).make(size)
     model = model.to(device=device, dtype=dtype).train()
     batch = tuple(x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device) for x in batch)
     return model, batch
@@ -704,7 +777,7 @@ def library_checkpointing(name: str, model: nn.Module) -> nn.Module:
     Raises NotImplementedError where the library has none for this model (timm's Inception-v3
     asserts, a transformers model without ``supports_gradient_checkpointing`` raises ValueError)."""
     inner = model.model
-    library = MODELS[name].library
+    library = spec(name).library
     try:
         if library == "transformers":
             inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

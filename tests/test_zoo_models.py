@@ -46,3 +46,27 @@ def test_zoo_model_trains_like_eager(name, budget):
 
         for g in backend.graphs:
             assert g.decision.peak_bytes <= g.decision.budget_bytes == min_peak_plan(g.problem, TIME_LIMIT).plan.peak_bytes
+
+
+def test_any_transformers_model_type_is_built_as_a_causal_lm_of_the_sizes_asked():
+    reason = _unimportable("transformers")
+    if reason:
+        pytest.skip(reason)
+    from bench.zoo_models import _ANY_DECODER, spec
+
+    layers, d, heads, kv, ffn, seq, batch, vocab = _ANY_DECODER["tiny"]
+    model, (ids, labels) = build("hf:stablelm", "tiny")  # a type no zoo entry builds
+    cfg = model.model.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads) == ("stablelm", layers, d, heads)
+    assert (cfg.num_key_value_heads, cfg.intermediate_size, cfg.vocab_size) == (kv, ffn, vocab)
+    assert ids.shape == labels.shape == (batch, seq)
+    assert torch.isfinite(model(ids, labels))
+    assert spec("hf:stablelm").library == "transformers" and spec("timm:resnet18").library == "timm"
+
+
+@pytest.mark.parametrize("name, says", [("nope", "timm:ARCH"), ("hf:no_such_type", "no model type 'no_such_type'")])
+def test_an_unknown_zoo_model_is_refused_with_the_names_accepted(name, says):
+    if name.startswith("hf:") and _unimportable("transformers"):
+        pytest.skip(_unimportable("transformers"))
+    with pytest.raises(ValueError, match=says):
+        build(name, "tiny")
