@@ -706,6 +706,11 @@ class _Part:
     restored_from: tuple | None = None
 
 
+# A frame compiled this many times is warned about (:meth:`PlannerBackend._warn_on_recompiles`):
+# its inputs' shapes keep changing, and each shape is planned on its own.
+RECOMPILES_WARNED = 3
+
+
 class PlannerBackend:
     """A torch.compile backend that plans each joint graph it is given.
 
@@ -769,6 +774,7 @@ class PlannerBackend:
         self._step: dict[Any, Timeline] = {}
         self._parts: dict[Any, _Part] = {}
         self._compiling: tuple[int, int] | None = None  # dynamo's (frame, compile) ids of the graph compiling
+        self._frame_compiles: dict[int, set[int]] = {}  # per dynamo frame id, the compiles of it seen
         self._place = 0  # its place among the graphs that compile handed over
         self._variant = False  # a compile of a frame whose earlier compile runs in the same step
         self._steps, self._backward_begun = 0, False  # training steps seen, told apart by backwards
@@ -1083,6 +1089,8 @@ class PlannerBackend:
         # place in that compile, and a recompile of the frame replaces them place by place
         self._place = self._place + 1 if compiling is not None and compiling == self._compiling else 0
         self._compiling, self._variant = compiling, False
+        if compiling is not None:
+            self._warn_on_recompiles(*compiling)
         earlier = self._parts.get(self._step_key)
         # A recompile of a frame replaces its graphs in the step, unless the earlier compile has
         # runs waiting for their backward: then both run in this step (one code object reached
@@ -1094,6 +1102,21 @@ class PlannerBackend:
         compiled = _CountedRuns(self._compile(gm, example_inputs), self, key)
         self._parts[key].waiting = compiled.waiting
         return compiled
+
+    def _warn_on_recompiles(self, frame: int, compile_id: int) -> None:
+        """Warn once per frame when dynamo compiles it for the :data:`RECOMPILES_WARNED`-th time:
+        every compile is planned at the sizes it was given (a plan counts bytes), so inputs whose
+        shapes keep changing pay a plan and an inductor compile per shape, where ``torch.compile``
+        alone would compile one graph with symbolic sizes."""
+        seen = self._frame_compiles.setdefault(frame, set())
+        seen.add(compile_id)
+        if len(seen) == RECOMPILES_WARNED:
+            warnings.warn(
+                f"this code frame has now been compiled and planned {RECOMPILES_WARNED} times (dynamo compiles it again for "
+                "new input shapes or other failed guards; TORCH_LOGS=recompiles names them). Plans are made at the "
+                "sizes given, so each new input shape costs a plan and a compile: pad inputs to a few fixed lengths "
+                "(e.g. bucket sequence lengths to multiples of 64) rather than to the longest in each batch",
+                stacklevel=3)
 
     def _released(self, key: Any, released: tuple[int, ...], outputs: int, dropped: tuple[int, ...] = ()) -> None:
         """The first run of ``key``'s graph began its backward with the outputs at the places

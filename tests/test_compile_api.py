@@ -703,3 +703,20 @@ def test_compile_plans_each_input_shape_with_static_sizes(monkeypatch):
     for seq in (32, 24):
         compiled(ids[:, :seq], labels[:, :seq]).backward()
     assert seen and not any(any(symbolic) for symbolic in seen)
+
+
+def test_a_frame_compiled_for_a_third_input_shape_is_warned_about_once():
+    """Each input shape is planned on its own: a frame whose shapes keep changing (batches padded
+    to their longest sequence) is told, once, what that costs and how to avoid it."""
+    model, batch = gpt_example(TINY)
+    compiled = planner.compile(model, memory_budget=0.5, **EAGER)
+    import warnings
+
+    messages = []
+    for seq in (16, 12, 8, 4):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled(*(x[:, :seq] for x in batch)).backward()
+        messages.append([str(w.message) for w in caught if "compiled and planned 3 times" in str(w.message)])
+    assert [len(m) for m in messages] == [0, 0, 1, 0]
+    assert "pad inputs to a few fixed lengths" in messages[2][0]
