@@ -62,6 +62,12 @@ def _gpt2(size: str):
     return _CausalLM(GPT2LMHeadModel(cfg)), _tokens(batch, seq, vocab)
 
 
+# A decoder's (layers, d, heads, kv heads, ffn, seq, batch, vocab): every decoder's tiny size, and
+# Llama's bench size, which several families share.
+_TINY_DECODER = (2, 64, 4, 2, 128, 32, 2, 128)
+_LLAMA_BENCH = (6, 1024, 16, 8, 2816, 2048, 4, 8192)
+
+
 def _decoder(size: str, family: str, bench: tuple, head_dim: int | None = None, **config) -> tuple:
     """A Llama-style transformers decoder (``LlamaForCausalLM``, ``Qwen2ForCausalLM``...) of
     ``bench = (layers, d, heads, kv heads, ffn, seq, batch, vocab)`` or the tiny size; ``head_dim``
@@ -69,7 +75,7 @@ def _decoder(size: str, family: str, bench: tuple, head_dim: int | None = None, 
     the family's own settings, at both sizes."""
     import transformers
 
-    layers, d, heads, kv, ffn, seq, batch, vocab = bench if size == "bench" else (2, 64, 4, 2, 128, 32, 2, 128)
+    layers, d, heads, kv, ffn, seq, batch, vocab = bench if size == "bench" else _TINY_DECODER
     extra = {} if head_dim is None else {"head_dim": head_dim if size == "bench" else d // heads}
     cfg = getattr(transformers, f"{family}Config")(
         num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
@@ -78,7 +84,7 @@ def _decoder(size: str, family: str, bench: tuple, head_dim: int | None = None, 
 
 
 def _llama(size: str):
-    return _decoder(size, "Llama", (6, 1024, 16, 8, 2816, 2048, 4, 8192))
+    return _decoder(size, "Llama", _LLAMA_BENCH)
 
 
 def _qwen2(size: str):
@@ -119,7 +125,7 @@ def _mixtral(size: str):
     from transformers import MixtralConfig, MixtralForCausalLM
 
     layers, d, heads, kv, ffn, seq, batch, vocab = ((4, 768, 12, 4, 1536, 1024, 4, 8192) if size == "bench"
-                                                    else (2, 64, 4, 2, 128, 32, 2, 128))
+                                                    else _TINY_DECODER)
     cfg = MixtralConfig(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
                         intermediate_size=ffn, max_position_embeddings=seq, vocab_size=vocab,
                         num_local_experts=8, num_experts_per_tok=2)
@@ -184,7 +190,7 @@ def _gemma2(size: str):
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     layers, d, heads, kv, ffn, seq, batch, vocab = ((6, 1024, 8, 4, 4096, 2048, 4, 8192) if size == "bench"
-                                                    else (2, 64, 4, 2, 128, 32, 2, 128))
+                                                    else _TINY_DECODER)
     cfg = Gemma2Config(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv,
                        head_dim=d // heads, intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=seq,
                        sliding_window=seq // 2, attn_implementation="eager")
@@ -279,7 +285,7 @@ def _gptneo(size: str):
 def _granite(size: str):
     """Llama-style, with the scalings of Granite 3: the embedding x12, every residual branch x0.22,
     the attention scores x1/64, the logits /8."""
-    return _decoder(size, "Granite", (6, 1024, 16, 8, 2816, 2048, 4, 8192), embedding_multiplier=12.0,
+    return _decoder(size, "Granite", _LLAMA_BENCH, embedding_multiplier=12.0,
                     residual_multiplier=0.22, attention_multiplier=1 / 64, logits_scaling=8.0)
 
 
@@ -340,7 +346,7 @@ def _gptbigcode(size: str):
 
 def _phi3(size: str):
     """One fused qkv projection and one fused gate-and-up projection, split after the matmul."""
-    return _decoder(size, "Phi3", (6, 1024, 16, 8, 2816, 2048, 4, 8192), pad_token_id=0, bos_token_id=0,
+    return _decoder(size, "Phi3", _LLAMA_BENCH, pad_token_id=0, bos_token_id=0,
                     eos_token_id=0)
 
 
@@ -374,7 +380,7 @@ def _gptneox(size: str):
 def _cohere(size: str):
     """Attention and MLP side by side from one bias-free LayerNorm computed in float32, rotary on
     interleaved pairs, logits scaled (1/16) before the loss, embedding tied to the head."""
-    return _decoder(size, "Cohere", (6, 1024, 16, 8, 2816, 2048, 4, 8192), logit_scale=0.0625,
+    return _decoder(size, "Cohere", _LLAMA_BENCH, logit_scale=0.0625,
                     pad_token_id=0, bos_token_id=0, eos_token_id=0)
 
 
@@ -689,8 +695,8 @@ MODELS: dict[str, ZooModel] = {
 }
 
 
-# The sizes of a decoder named by its transformers model type (``hf:TYPE``): Llama's bench row.
-_ANY_DECODER = {"bench": (6, 1024, 16, 8, 2816, 2048, 4, 8192), "tiny": (2, 64, 4, 2, 128, 32, 2, 128)}
+# The sizes of a decoder named by its transformers model type (``hf:TYPE``): Llama's at the bench size.
+_ANY_DECODER = {"bench": _LLAMA_BENCH, "tiny": _TINY_DECODER}
 
 
 def _any_decoder(model_type: str):
