@@ -1,6 +1,7 @@
 """Real models at default settings: transformers and timm models against torch.compile.
 
-Per model (``bench/zoo_models.py``), in one process on one GPU, bf16: eager; the library's own
+Per model (``bench/zoo_models.py``), in one process on one GPU, bf16 (or, with ``--autocast``,
+float32 weights and every forward inside ``torch.autocast`` to bf16): eager; the library's own
 gradient checkpointing (eager); ``torch.compile`` at PyTorch's ``activation_memory_budget``
 values (``--torch-budgets``); and the planner at its defaults (``planner.compile`` with only
 ``memory_budget`` set) at ``--budgets`` and at each torch.compile point's measured peak given as
@@ -49,12 +50,14 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
     from bench.gpu_step import kernel_and_host, measure, retime
     from bench.zoo_models import build, library_checkpointing
 
-    base, batch = build(name, "bench", device="cuda", dtype=torch.bfloat16)
+    base, batch = build(name, "bench", device="cuda", dtype=torch.float32 if args.autocast else torch.bfloat16)
     kept: list = []
     mine: list[dict] = []
 
     def record(row: dict, run, model, details=dict) -> None:
         params = list(model.parameters())
+        if args.autocast:
+            run, row["autocast"] = under_autocast(run), "bfloat16"
         start = time.perf_counter()
         try:
             row.update(measure(run, params, batch, args.steps), first_step_seconds=time.perf_counter() - start)
@@ -137,7 +140,8 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
         planner_point(int(t["peak_activation_bytes"]), matched=t["budget"])
     if args.rounds:
         model = copy.deepcopy(base)
-        kept.append((model, list(model.parameters())))  # eager again, last: the run's noise
+        # eager again, last: the run's noise
+        kept.append((under_autocast(model) if args.autocast else model, list(model.parameters())))
         times = retime(kept, batch, args.rounds, args.steps)
         for row, ms in zip(mine, times):
             row["step_ms_alone"], row["step_ms"] = row["step_ms"], ms
@@ -149,6 +153,18 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
     print("\n".join(map(_row, mine)), flush=True)
     del base, kept
     torch.cuda.empty_cache()
+
+
+def under_autocast(run):
+    """``run`` with its forward inside ``torch.autocast("cuda", torch.bfloat16)``, as mixed-precision
+    training loops call a model of float32 weights (the backward runs outside it, as theirs do)."""
+    import torch
+
+    def step(*batch):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return run(*batch)
+
+    return step
 
 
 def past_deadline(args) -> bool:
@@ -303,7 +319,8 @@ def write(rows: list[dict], out: Path, device: str, torch_version: str) -> None:
     text = [f"{device}, torch {torch_version}", ""]
     for name in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == name]
-        text += [f"## {name}: {_description(name)}", "", _HEADER, *map(_row, mine), "", *[f"- {t}" for t in targets(mine)], ""]
+        mixed = ", float32 weights under autocast (bf16)" if any(r.get("autocast") for r in mine) else ""
+        text += [f"## {name}: {_description(name)}{mixed}", "", _HEADER, *map(_row, mine), "", *[f"- {t}" for t in targets(mine)], ""]
     out.with_suffix(".md").write_text("\n".join(text))
     print("\n".join(text))
 
@@ -330,6 +347,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--torch-budgets", type=float, nargs="+", default=TORCH_BUDGETS)
     parser.add_argument("--time-limit", type=time_limit_arg, default="auto",
                         help="the planner's seconds per solve (default auto, the planner's default)")
+    parser.add_argument("--autocast", action="store_true",
+                        help="float32 weights, every method's forward inside torch.autocast (bfloat16), as "
+                             "mixed-precision training runs; without it the models are bfloat16 throughout")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--matched", action=argparse.BooleanOptionalAction, default=True,

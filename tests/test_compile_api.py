@@ -720,3 +720,32 @@ def test_a_frame_compiled_for_a_third_input_shape_is_warned_about_once():
         messages.append([str(w.message) for w in caught if "compiled and planned 3 times" in str(w.message)])
     assert [len(m) for m in messages] == [0, 0, 1, 0]
     assert "pad inputs to a few fixed lengths" in messages[2][0]
+
+
+def test_a_step_under_autocast_trains_as_torch_compile_does_at_every_budget():
+    # mixed precision as most training loops run it: float32 weights, the step inside
+    # torch.autocast. The joint graph holds autocast's casts; a plan that recomputes them and the
+    # dropouts around them draws the same masks and rounds the same (bitwise, op by op)
+    cfg = GPTConfig(n_layer=2, d_model=32, n_head=2, seq_len=16, vocab=64, batch=2, dropout=0.1)
+
+    def step(run, model, batch):
+        torch.manual_seed(7)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = run(*batch)
+        loss.backward()
+        return [loss.detach()] + [p.grad for p in model.parameters()]
+
+    model, batch = gpt_example(cfg)
+    twin = __import__("copy").deepcopy(model)
+    want = step(torch.compile(twin, backend="aot_eager"), twin, batch)
+    torch.manual_seed(7)
+    assert not torch.equal(want[0], model(*batch).detach())  # autocast's rounding is in the step
+    for budget in (1.0, 0.5, 0.0):
+        twin = __import__("copy").deepcopy(model)
+        compiled = planner.compile(twin, memory_budget=budget, **EAGER)
+        got = step(compiled, twin, batch)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=0, rtol=0)
+        if budget == 0.0:
+            assert compiled.planner_backend.graphs[0].decision.recompute_seconds > 0
+
