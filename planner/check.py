@@ -42,12 +42,17 @@ class Step:
     buffers: dict[str, torch.Tensor]
 
 
-def train_step(run: Callable, model: torch.nn.Module, inputs: Sequence, seed: int = 0) -> Step:
+def train_step(run: Callable, model: torch.nn.Module, inputs: Sequence, seed: int = 0,
+               autocast: torch.dtype | None = None) -> Step:
     """One step of ``run(*inputs)`` (``model`` or a compiled twin of it) under a fixed seed, so that
     dropout draws the same masks in every run. A scalar output is the loss; any other is reduced
-    against a seeded random tangent. Gradients are taken off ``model`` (set to None)."""
+    against a seeded random tangent. Gradients are taken off ``model`` (set to None). ``autocast``:
+    the forward runs inside ``torch.autocast`` to that type on the inputs' device, as mixed-precision
+    training runs it (the backward outside)."""
     torch.manual_seed(seed)
-    out = run(*inputs)
+    device = next((x.device.type for x in inputs if isinstance(x, torch.Tensor)), "cpu")
+    with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
+        out = run(*inputs)
     if out.dim():
         torch.manual_seed(seed + 1)
         (out * torch.randn_like(out)).sum().backward()
@@ -108,15 +113,16 @@ def _cast(made: tuple, dtype: torch.dtype | None) -> tuple[torch.nn.Module, tupl
 
 def check_model(made: tuple, budgets: Sequence[Any], compile_planned: Callable[[torch.nn.Module, Any], Callable],
                 dtype: torch.dtype | None = None, tolerance: float = 1e-5,
-                torch_compile: bool = True) -> list[dict[str, Any]]:
+                torch_compile: bool = True, autocast: torch.dtype | None = None) -> list[dict[str, Any]]:
     """Rows of the check of ``made`` (``(model, example_inputs)``): torch.compile's difference from
     eager (where ``torch_compile``), then each budget's (``compile_planned(model, budget)`` returns
     the planned twin to run) with ``passed``. ``dtype`` casts the model and its floating inputs
-    first (float64 makes rounding small enough to tell a wrong plan from a reordered sum)."""
+    first (float64 makes rounding small enough to tell a wrong plan from a reordered sum);
+    ``autocast`` runs every step's forward inside ``torch.autocast`` to that type."""
     model, inputs = _cast(made, dtype)
     model.train()
     base = copy.deepcopy(model)  # every run starts from the same weights and buffers
-    eager = train_step(model, model, inputs)
+    eager = train_step(model, model, inputs, autocast=autocast)
     rows: list[dict[str, Any]] = []
     allowed = tolerance
 
@@ -124,7 +130,7 @@ def check_model(made: tuple, budgets: Sequence[Any], compile_planned: Callable[[
         import torch._inductor.config as inductor_config
 
         with inductor_config.patch(fallback_random=True):  # compiled lazily, in the first call
-            return compare_steps(train_step(run, twin, inputs), eager)
+            return compare_steps(train_step(run, twin, inputs, autocast=autocast), eager)
 
     if torch_compile:
         torch._dynamo.reset()

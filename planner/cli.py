@@ -94,7 +94,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     dtype = None if args.dtype is None else getattr(torch, args.dtype)
     rows = check_model(_model_and_inputs(args.factory), [_budget(b) for b in args.budgets],
                        lambda model, budget: planner.compile(model, memory_budget=budget, config=config),
-                       dtype=dtype, tolerance=args.tolerance, torch_compile=args.codegen == "inductor")
+                       dtype=dtype, tolerance=args.tolerance, torch_compile=args.codegen == "inductor",
+                       autocast=None if args.autocast is None else getattr(torch, args.autocast))
     print("| run | largest relative difference from eager | in | passed |")
     print("|---|---|---|---|")
     for row in rows:
@@ -152,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how planned graphs run (default inductor, as torch.compile; eager skips torch.compile's run)")
     k.add_argument("--dtype", choices=("float64", "float32", "bfloat16", "float16"), default=None,
                    help="cast the model and its floating inputs first (default: as the factory made them)")
+    k.add_argument("--autocast", choices=("bfloat16", "float16"), default=None,
+                   help="run each forward inside torch.autocast to this type, as mixed-precision training does")
     k.add_argument("--tolerance", type=float, default=1e-5,
                    help="a relative difference always allowed (default 1e-5); beyond it, up to 10x torch.compile's")
     k.set_defaults(run=cmd_check)

@@ -25,6 +25,23 @@ def test_check_passes_planned_models_and_prints_the_table(capsys):
     assert "every planned step trains like eager" in printed
 
 
+def test_check_under_autocast_passes_planned_steps_and_fails_one_run_outside_it(capsys):
+    code = cli.main(["check", "tests.test_check:tiny_gpt", "--budgets", "1", "0", "--time-limit", "1",
+                     "--autocast", "bfloat16"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert printed.count("| yes |") == 2
+
+    def full_precision(model, budget):  # ignores the autocast the step runs in
+        def run(*inputs):
+            with torch.autocast("cpu", enabled=False):
+                return model(*inputs)
+        return run
+
+    (row,) = check_model(tiny_gpt(), [1.0], full_precision, torch_compile=False, autocast=torch.bfloat16)
+    assert row["passed"] is False
+
+
 def test_a_planned_step_that_differs_fails_the_check():
     def wrong(model, budget):  # a "plan" that trains another model: one weight moved
         with torch.no_grad():
