@@ -53,6 +53,18 @@ class GraphPlan:
     estimator: str  # the estimator that priced the graph, as reports name it
 
 
+def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
+    """The ``torch.autocast`` in force: ``(device type, type)`` per device type it is on for."""
+    return tuple((device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
+                 if torch.is_autocast_enabled(device))
+
+
+def _autocast_text(state: tuple[tuple[str, torch.dtype], ...]) -> str:
+    if not state:
+        return "outside torch.autocast"
+    return "inside " + " and ".join(f"torch.autocast({device!r}, dtype={dtype})" for device, dtype in state)
+
+
 def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, repeats: int = 1,
                 rest_bytes: int | None = None, beside_backward: int = 0) -> GraphPlan:
     """Estimate, build the problem, resolve the budget and solve, for one joint graph.
@@ -756,6 +768,9 @@ class PlannerBackend:
                               "backward in one step (a positive int, 1 for a model compiled whole)")
         self.config = config
         self.fixed = fixed
+        # with ``fixed``: the autocast the plan's graph was captured under, and the one of the
+        # graph compiling now (a new autocast makes another graph: its casts and saved bytes)
+        self.fixed_autocast = self._autocast = autocast_state()
         self.repeats = repeats
         self.runs: dict[Any, int] = {}
         self.graphs: list[GraphPlan] = []
@@ -807,6 +822,12 @@ class PlannerBackend:
             graph_plan = solve_graph(joint, self.config, self._held_before(key), repeats, rest, beside)
         elif joint.fingerprint == self.fixed.fingerprint:
             graph_plan = self.fixed
+        elif self._autocast != self.fixed_autocast:
+            raise PlanFileError(
+                f"the plan was made for the model {_autocast_text(self.fixed_autocast)} and it now runs "
+                f"{_autocast_text(self._autocast)}, which makes another graph (autocast's casts, the bytes of "
+                "what it saves); call plan() inside the same autocast as the training step's forward"
+            )
         else:
             raise PlanFileError(
                 f"the compiled graph (fingerprint {joint.fingerprint}) is not the one the plan was made for "
@@ -1089,6 +1110,7 @@ class PlannerBackend:
         # place in that compile, and a recompile of the frame replaces them place by place
         self._place = self._place + 1 if compiling is not None and compiling == self._compiling else 0
         self._compiling, self._variant = compiling, False
+        self._autocast = autocast_state()
         if compiling is not None:
             self._warn_on_recompiles(*compiling)
         earlier = self._parts.get(self._step_key)

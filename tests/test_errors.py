@@ -108,3 +108,21 @@ def test_an_op_that_fails_on_fake_tensors_is_a_capture_error_naming_the_ops_erro
     with pytest.raises(CaptureError, match=r"could not run the model on fake tensors \(RuntimeError\('Attempting to "
                                            r"broadcast a dimension of length 3.*backend=\"eager\""):
         planner.capture(BadShapes(), (torch.randn(2, 4),))
+
+
+@pytest.mark.parametrize("planned_inside", [False, True])
+def test_a_plan_run_under_another_autocast_names_it(planned_inside):
+    """A plan is made for the graph its capture saw; autocast changes that graph (its casts, the
+    bytes saved), so running the planned module under another autocast says so, and the fix."""
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1)), torch.randn(4, 8)
+    config = planner.PlannerConfig(codegen="eager", solver="greedy")
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    with autocast if planned_inside else torch.autocast("cpu", enabled=False):
+        p = planner.plan(model, (x,), config)
+        p.module(x).sum().backward()  # the context it was planned in runs
+    with pytest.raises(Exception, match="call plan\\(\\) inside the same autocast") as err:
+        with torch.autocast("cpu", enabled=False) if planned_inside else autocast:
+            p.module(x).sum().backward()
+    inside = "inside torch.autocast('cpu', dtype=torch.bfloat16)"
+    assert (f"made for the model {inside} and it now runs outside" if planned_inside else
+            f"made for the model outside torch.autocast and it now runs {inside}") in str(err.value)
