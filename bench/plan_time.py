@@ -5,7 +5,9 @@ Per model of ``bench/zoo_models.py`` (bench size unless ``--size tiny``; float32
 process: the seconds to capture the joint graph with inductor's code generation, to build its
 problem, to simulate the emitted modules of one fixed plan (the runtime-optimal one; the least
 and the median of ``--repeats``), and a cold ``planner.plan`` per budget (an empty cache and
-nothing kept in the process, the default solver and time limit). The plans' predicted peaks and estimated seconds are printed
+nothing kept in the process, the default solver and time limit); a model that graph breaks is
+planned as ``planner.compile`` plans it, graph by graph in its first step, and has its plans'
+seconds summed alone. The plans' predicted peaks and estimated seconds are printed
 beside their times: the time-limited searches may end on other plans from run to run, so two
 commits compare on the capture, problem and simulation columns, and on whole plans only where
 the plans are the same.
@@ -55,7 +57,16 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.models:
         model, batch = build(name, args.size, args.device, dtype)
         start = time.perf_counter()
-        joint = planner.capture(model, list(batch), codegen="inductor")
+        try:
+            joint = planner.capture(model, list(batch), codegen="inductor")
+        except planner.CaptureError as err:
+            if not str(err).startswith("graph break"):
+                raise
+            for budget in args.budgets:  # planned graph by graph, as planner.compile plans them
+                rows.append(_compiled_plans(name, model, batch, budget))
+                save_rows(args.out, device, torch.__version__, rows)
+                print(_line(rows[-1]), flush=True)
+            continue
         capture = time.perf_counter() - start
         start = time.perf_counter()
         problem = build_problem(joint, get_estimator("flops"), fuse=True)
@@ -82,9 +93,32 @@ def main(argv: list[str] | None = None) -> None:
             print(_line(point), flush=True)
 
 
+def _compiled_plans(name: str, model: torch.nn.Module, batch: tuple, budget: float) -> dict:
+    """A model that graph breaks, cold at ``budget``: ``planner.compile``'s first step plans each
+    graph; the row has the plans' seconds summed (the capture, problem and simulation columns are
+    single-graph figures, so none), and the step's predicted peak."""
+    import copy
+
+    import planner
+    from bench.solvers import cache_dir, forget_what_the_process_found
+
+    with tempfile.TemporaryDirectory() as cache, cache_dir(cache):
+        forget_what_the_process_found()
+        torch._dynamo.reset()
+        compiled = planner.compile(copy.deepcopy(model), memory_budget=budget)
+        compiled(*batch).backward()
+    graphs = compiled.planner_backend.graphs
+    return {"model": name, "graphs": len(graphs), "nodes": sum(len(g.problem.names) for g in graphs), "budget": budget,
+            "plan_seconds": sum(g.plan_seconds for g in graphs),
+            "predicted_peak_bytes": compiled.planner_backend.predicted_step_peak,
+            "estimated_seconds": sum(g.decision.seconds for g in graphs)}
+
+
 def _line(row: dict) -> str:
     plan = (f"{row['budget']} | {row['plan_seconds']:.1f} | {row['predicted_peak_bytes'] / 2**30:.3f} | "
             f"{row['estimated_seconds'] * 1e3:.3f}" if row["budget"] is not None else "- | - | - | -")
+    if "graphs" in row:  # a model planned graph by graph: no single-graph columns
+        return f"| {row['model']} | {row['graphs']} graphs, {row['nodes']} forward nodes | - | - | - | {plan} |"
     return (f"| {row['model']} | {row['nodes']} | {row['capture_seconds']:.2f} | {row['problem_seconds']:.2f} | "
             f"{row['simulation_seconds_least']:.2f} / {row['simulation_seconds_median']:.2f} | {plan} |")
 

@@ -263,6 +263,19 @@ def test_plan_time_bench_times_the_parts_and_a_cold_plan_and_leaves_the_cache_se
     assert "| bert |" in capsys.readouterr().out
 
 
+def test_plan_time_bench_plans_a_model_that_graph_breaks_graph_by_graph(tmp_path, capsys):
+    import pytest
+
+    pytest.importorskip("transformers")
+    from bench import plan_time
+
+    out = tmp_path / "plan_time.json"
+    plan_time.main(["--models", "gpt2-breaks", "--size", "tiny", "--budgets", "0.5", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["graphs"] >= 2 and row["plan_seconds"] > 0 and row["predicted_peak_bytes"] > 0
+    assert f"| gpt2-breaks | {row['graphs']} graphs," in capsys.readouterr().out
+
+
 def test_compile_variants_reads_inductor_settings_as_their_types():
     from bench.compile_variants import _parse
 
