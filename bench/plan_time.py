@@ -17,6 +17,7 @@ the plans are the same.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -33,7 +34,6 @@ RESULTS = Path(__file__).parent / "results"
 
 def main(argv: list[str] | None = None) -> None:
     import planner
-    from bench.solvers import cache_dir, forget_what_the_process_found
     from bench.zoo_models import build
     from estimators import get_estimator
     from planner.bounds import runtime_optimal_plan
@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         for budget in args.budgets or [None]:  # no budgets: the parts alone
             point = {**row, "budget": budget}
             if budget is not None:
-                with tempfile.TemporaryDirectory() as cache, cache_dir(cache):  # cold: nothing solved before
-                    forget_what_the_process_found()  # the flop counts of the problem above included
+                with _cold():  # the flop counts of the problem above forgotten too
                     start = time.perf_counter()
                     found = planner.plan(model, list(batch), memory_budget=budget)
                     point.update(plan_seconds=time.perf_counter() - start, predicted_peak_bytes=found.decision.peak_bytes,
@@ -93,6 +92,16 @@ def main(argv: list[str] | None = None) -> None:
             print(_line(point), flush=True)
 
 
+@contextlib.contextmanager
+def _cold():
+    """A cold plan: an empty cache of its own, and nothing solved or counted before kept in the process."""
+    from bench.solvers import cache_dir, forget_what_the_process_found
+
+    with tempfile.TemporaryDirectory() as cache, cache_dir(cache):
+        forget_what_the_process_found()
+        yield
+
+
 def _compiled_plans(name: str, model: torch.nn.Module, batch: tuple, budget: float) -> dict:
     """A model that graph breaks, cold at ``budget``: ``planner.compile``'s first step plans each
     graph; the row has the plans' seconds summed (the capture, problem and simulation columns are
@@ -100,10 +109,8 @@ def _compiled_plans(name: str, model: torch.nn.Module, batch: tuple, budget: flo
     import copy
 
     import planner
-    from bench.solvers import cache_dir, forget_what_the_process_found
 
-    with tempfile.TemporaryDirectory() as cache, cache_dir(cache):
-        forget_what_the_process_found()
+    with _cold():
         torch._dynamo.reset()
         compiled = planner.compile(copy.deepcopy(model), memory_budget=budget)
         compiled(*batch).backward()

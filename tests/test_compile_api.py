@@ -748,4 +748,3 @@ def test_a_step_under_autocast_trains_as_torch_compile_does_at_every_budget():
             torch.testing.assert_close(g, w, atol=0, rtol=0)
         if budget == 0.0:
             assert compiled.planner_backend.graphs[0].decision.recompute_seconds > 0
-
