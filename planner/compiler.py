@@ -769,7 +769,8 @@ class PlannerBackend:
         self.config = config
         self.fixed = fixed
         # with ``fixed``: the autocast the plan's graph was captured under, and the one of the
-        # graph compiling now (a new autocast makes another graph: its casts and saved bytes)
+        # graph compiling now (a new autocast makes another graph: its casts and saved bytes),
+        # read as dynamo hands the graph over: AOTAutograd partitions it with autocast off
         self.fixed_autocast = self._autocast = autocast_state()
         self.repeats = repeats
         self.runs: dict[Any, int] = {}
