@@ -84,6 +84,7 @@ def test_a_plan_at_budget_0_says_which_clock_ended_its_least_peak_search(tmp_pat
 
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(frugal, "_FOUND", {})
+    monkeypatch.setattr(clock, "BACKSTOP", 1e9)  # a loaded machine's wall clock does not end it
     model, inputs = gpt()
     planned = planner.plan(model, inputs, planner.PlannerConfig(memory_budget=0.0, solver="cpsat", time_limit=2.0))
     searched = planned.decision.stats["frugal_search"]
