@@ -8,7 +8,7 @@ from functools import cached_property
 import torch
 import torch.fx as fx
 
-from planner.ops import first_tensor, side_effect
+from planner.ops import first_tensor, side_effect, written_inputs
 
 __all__ = ["JointGraph", "copy_module", "placed_order"]
 
@@ -200,14 +200,20 @@ class JointGraph:
 
     @cached_property
     def mutated_primals(self) -> frozenset[fx.Node]:
-        """Primals the step mutates; reading them in the backward would see the new value."""
+        """Primals the step mutates; reading them in the backward would see the new value.
+
+        Those AOTAutograd copies back after the graph (its output descriptors name them), and
+        those the graph writes in place itself: for inductor, AOTAutograd keeps a buffer's update
+        in the forward as ``copy_(primal, new)`` (spectral norm's power-iteration vectors), and
+        its descriptors then name no mutation."""
         from planner._torch_compat import mutated_primals
 
+        written = {arg for n in self.forward_nodes for arg in written_inputs(n) if arg.op == "placeholder"}
         found = mutated_primals(self.module)
         if found is not None:
-            return frozenset(found)
+            return frozenset(found | written)
         # Without descriptors, a primal fed to a functionalised mutating op is taken as mutated.
-        return frozenset(
+        return frozenset(written).union(
             inp for n in self.forward_nodes if str(n.target).split(".")[0].endswith("_functional")
             for inp in n.all_input_nodes if inp.op == "placeholder"
         )

@@ -145,6 +145,21 @@ def side_effect(node: fx.Node) -> str | None:
     return f"opaque call {getattr(target, '__name__', target)}"
 
 
+def written_inputs(node: fx.Node) -> list[fx.Node]:
+    """The inputs ``node`` writes in place: the arguments its op's schema marks written
+    (``copy_``'s destination, an ``add_``'s self, an ``out=``); none for a functional op."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+        return []
+    written = []
+    for place, argument in enumerate(target._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = node.args[place] if place < len(node.args) and not argument.kwarg_only else node.kwargs.get(argument.name)
+        written += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, fx.Node)]
+    return written
+
+
 def first_tensor(value: object) -> torch.Tensor | None:
     """The node value itself if a tensor, the first element of a tuple value, else None."""
     first = value[0] if isinstance(value, (tuple, list)) and value else value

@@ -45,6 +45,35 @@ def test_inductor_codegen_trains_like_eager(model):
     assert be.graphs and be.graphs[0].decision.recompute_seconds > 0
 
 
+class _SpectralNormed(torch.nn.Module):
+    """Spectral norm (as GAN discriminators use it): each training forward updates the
+    power-iteration buffers in place, and for inductor AOTAutograd keeps that update in the graph
+    (``copy_`` into the buffer) rather than after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        norm = torch.nn.utils.parametrizations.spectral_norm
+        self.first = norm(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1))
+        self.second = norm(torch.nn.Linear(8 * 4 * 4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.nn.functional.leaky_relu(self.first(x), 0.2).flatten(1))
+
+
+def test_a_buffer_the_forward_updates_in_place_is_never_read_again_by_a_recomputation():
+    def make():
+        torch.manual_seed(0)
+        return _SpectralNormed(), (torch.randn(2, 3, 8, 8),)
+
+    model, inputs = make()
+    joint = planner.capture(model, inputs, codegen="inductor")
+    written = {n.args[0] for n in joint.forward_nodes if n.target is torch.ops.aten.copy_.default}
+    assert written and written <= joint.mutated_primals  # the graph's own copies into the buffers
+    be = planner.backend(planner.PlannerConfig(codegen="inductor"), memory_budget=0.0, time_limit=2)
+    assert_same_step(make, lambda twin, inputs: torch.compile(twin, backend=be))
+    assert be.graphs and be.graphs[0].decision.recompute_seconds > 0
+
+
 class _FrozenPositions(torch.nn.Module):
     """Frozen sinusoidal positions (as Marian's and Pegasus's) and a layer the loss never reaches:
     neither parameter has a gradient, in eager or planned."""
