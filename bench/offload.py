@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     import planner
     from bench.gpu_step import measure, retime
     from estimators import get_estimator
-    from planner.compiler import PlannerBackend, offload_guides
+    from planner.compiler import PlannerBackend
+    from planner.offload_choice import offload_guides
     from planner.frames import own_frame
     from planner.models import GPTConfig, gpt_example
     from planner.offload import explain_windows, measure_link, offload_windows, offloaded_decision, op_seconds

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     from estimators import get_estimator
     from planner.bounds import runtime_optimal_plan
     from planner.build import build_problem
-    from planner.compiler import simulated_timeline
+    from planner.predict import simulated_timeline
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["t5", "deberta", "qwen2"])

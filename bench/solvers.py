@@ -183,11 +183,11 @@ def forget_what_the_process_found() -> None:
     """Empty what plans leave in the process (frugal and reference plans, flop counts, PyTorch's
     splits, decisions): what a new process starts without, for a cold plan."""
     from estimators import flops
-    from planner import compiler
+    from planner import torch_split
     from planner.decisions import forget_decisions
     from solvers import frugal, reference
 
-    for found in (frugal._FOUND, reference._FOUND, flops._COUNTED, compiler._PYTORCH_SPLITS):
+    for found in (frugal._FOUND, reference._FOUND, flops._COUNTED, torch_split._PYTORCH_SPLITS):
         found.clear()
     forget_decisions()
 

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from planner.compiler import (FAST_END_CHOICE, PYTORCH_PEAK, SPLIT_PEAK_MARGIN, TIME_LIMIT, GraphPlan, PlannerBackend,
-                              frugal_floor, replay_graph, solve_graph)
+from planner.compiler import TIME_LIMIT, GraphPlan, PlannerBackend, frugal_floor, replay_graph, solve_graph
+from planner.torch_split import FAST_END_CHOICE, PYTORCH_PEAK, SPLIT_PEAK_MARGIN
 from planner.bounds import fast_end_plan
 from planner.budget import Budget
 from planner.memory import Timeline
@@ -54,7 +54,7 @@ def _time_limit(decision: Decision) -> str:
 
 def polish_summary(decision: Decision) -> str | None:
     """What the polish sweeps did to an unproven answer (:mod:`solvers.polish`; at budget 0
-    after :func:`planner.compiler.least_peak_polish`), as the summary says it; None where they
+    after :func:`planner.peak_polish.least_peak_polish`), as the summary says it; None where they
     did not run."""
     report = decision.stats.get("polish")
     if not report:

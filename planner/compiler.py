@@ -8,34 +8,37 @@ import weakref
 from functools import partial, wraps
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
-from typing import Any, Callable, Collection
+from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn as nn
 
 from estimators import get_estimator
 from estimators.base import Estimator
-from planner import _torch_compat, offload
-from planner.bounds import named_plan, runtime_optimal_plan
+from planner import _torch_compat
+from planner.bounds import runtime_optimal_plan
 from planner.build import build_problem, estimate_step_seconds, hands_on
 from planner.tracing import make_backend
 from planner.config import PlannerConfig
-from planner.decision import Decision, Status
+from planner.decision import Decision
 from planner.decisions import KEY, decision_key, keep_decision, reuse_or_solve
 from planner.distributed import agree_on_graph, decide_on_rank0, world
-from planner.emit import Transfer, emit, store_narrow_casts
+from planner.emit import Transfer, emit
 from planner.errors import InfeasibleBudget, PlanFileError
 from planner.frames import own_forward, own_frame
 from planner.graph import JointGraph, copy_module
-from planner.memory import Timeline, convolutions_laid_out, saved_outputs, simulate, stores_against_inductor
+from planner.memory import Timeline, saved_outputs, simulate, stores_against_inductor
+from planner.offload_choice import auto_offload, offload_goes_lower
+from planner.peak_polish import least_peak_polish, restore_polish_drops
+from planner.predict import simulated_timeline
 from planner.problem import Evaluation, InfeasibleDecision, Problem, evaluate_names
+from planner.torch_split import (PYTORCH_KERNELS, PYTORCH_PEAK, PYTORCH_SIMULATED_PEAK, PYTORCH_SPLIT_SECONDS,
+                                 compiles_as_pytorch, prefer_pytorch_split, pytorch_modules, pytorch_split)
 from planner.units import format_bytes
 from solvers import get_solver
-from solvers.base import Solver, relative_gap
+from solvers.base import Solver
 from solvers.frugal import min_peak_plan
-from solvers.offload import least_peak_offloading, solve_offloading
 from solvers.reference import reference_plan
 
 __all__ = ["backend", "compile", "compile_blocks", "named_backend", "named_plans", "PlannerBackend", "GraphPlan", "solve_graph", "replay_graph"]
@@ -133,480 +136,8 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
     return _plan_graph(joint, config, decide, repeats, rest_bytes, beside_backward)
 
 
-PYTORCH_PEAK = "pytorch_split_peak_bytes"  # Decision.stats: the peak of PyTorch's own split of the graph
-# Decision.stats: the simulated peak of PyTorch's own modules for the graph (planner.memory.simulate)
-PYTORCH_SIMULATED_PEAK = "pytorch_split_simulated_peak_bytes"
-PYTORCH_SPLIT_SECONDS = "pytorch_split_seconds"  # Decision.stats: the seconds PyTorch's partitioner took on the graph
-PYTORCH_KERNELS = "pytorch_split_kernels"  # Decision.stats: the kernels PyTorch's split runs (Timeline.kernels)
 TIME_LIMIT = "time_limit"  # Decision.stats: the solver's time limit on the graph and the rule that set it
 FRUGAL_SEARCH = "frugal_search"  # Decision.stats: the exact least-peak search budget 0 resolved against, where it ran
-
-
-@dataclass(frozen=True)
-class _Split:
-    """What the planner keeps of PyTorch's split of one graph: what it saves, and the peak of
-    its modules simulated as the planner's predictions are."""
-
-    names: list[str]
-    simulated_peak: int
-    seconds: float  # PyTorch's partitioner's wall time on the graph
-    kernels: int = 0  # its modules' kernels (Timeline.kernels)
-
-
-_PYTORCH_SPLITS: dict[tuple[str, bool], _Split] = {}  # (graph fingerprint, fuse) -> PyTorch's split
-# the modules of the split weighed last, by the id of the joint graph they were made of, for the
-# compile that planned that very graph to take once instead of splitting it again (one slot, so
-# nothing else keeps graphs alive; a graph traced again, as plan() does, is split again)
-_LAST_SPLIT_MODULES: dict[int, tuple[JointGraph, fx.GraphModule, fx.GraphModule]] = {}
-FAST_END_CHOICE = "fast_end_choice"  # Decision.stats: budget 1.0 took PyTorch's split over the solver's plan, and why
-FAST_END_KERNELS = "fast_end_kernels"  # Decision.stats: at budget 1.0, the kernels of the solver's plan and of the split
-# Budget 1.0 keeps the solver's plan over PyTorch's split only where it holds clearly less: a
-# predicted peak lower by more than the memory model's own tolerance at the fast end (the 3% of
-# bench/zoo.py's target (d); measured errors there reach 2.9%). Time estimates do not decide it:
-# on an H100, plans of about the split's peak that the roofline priced faster measured 3-32%
-# slower than torch.compile (Llama, Qwen2, T5, ResNet-50, ConvNeXt, EfficientNet: inductor fuses
-# the split's recomputation into kernels it runs anyway, and a host-bound step pays per kernel),
-# while the split compiled the planner's way measured as torch.compile does. The split is what
-# torch.compile runs at its default budget, which recomputes only cheap fusible ops. Nor is a plan
-# that holds clearly less kept where it is estimated slower than the split: on an H200, Qwen2's
-# plan 7% under the split's peak, estimated slower, measured 1.035x torch.compile's time.
-SPLIT_PEAK_MARGIN = 0.03
-
-
-def prefer_pytorch_split(problem: Problem, decision: Decision, split: Evaluation,
-                         simulated: tuple[int, int] | None = None, kernels: tuple[int, int] | None = None) -> Decision:
-    """``decision``, or at budget 1.0 PyTorch's own ``split`` where the solver's plan does not hold
-    clearly less (:data:`SPLIT_PEAK_MARGIN`) or is estimated slower than the split (the solver's
-    fast end may give up a little time for bytes, :data:`planner.bounds.FAST_END_SLACK`; against
-    the split, which torch.compile runs, it may not). The solver is still named, as what ran;
-    ``stats["fast_end_choice"]`` says the split was taken and why, with the solver's plan's
-    figures, and the status is ``heuristic`` (the split is no optimum of the objective; ``gap``
-    bounds it where the solver's gap is known).
-
-    Budget 1.0 resolves to the lower of the fast end's peak and the split's, so where the fast
-    end holds a little less (GPT-2's loss head, by 0.05% on an H100's prices) the split is over
-    that budget; it is still taken, the budget being the split's peak then, since a fraction
-    names no bytes: the margin alone decides.
-
-    ``simulated``: the peaks of the solver's plan and of the split as the planner predicts them
-    (:func:`planner.memory.simulate` of the modules each compiles: the emitter's, and PyTorch's
-    own), which the margin then compares instead of the problem's figures. The problem prices
-    the split through the forward nodes its saved values are named by, which can hold more than
-    PyTorch's modules do (on an H100, Qwen2's split was priced 5% over torch.compile's measured
-    peak, and the solver's plan, 0.2% under it as measured, ran 1.4% slower).
-
-    ``kernels``: the kernels the solver's plan and the split run (:func:`planner.memory.kernel_count`
-    of each one's modules). A plan that runs more than the split gives way to it however it is
-    priced: each extra kernel reads again what it recomputes, where the estimates had it fused, and
-    pays a launch on a step the host may bound. On an H200, Gemma2's plan 19% under the split's
-    peak, priced 26% cheaper in recomputation, ran 411 launches against torch.compile's 374 and
-    1.038x its time (GPU busy 1.077x); the solver's plans that stood and ran faster ran fewer
-    (T5: 667 against 805, 0.78-0.88x), and Mixtral's, 1.04-1.08x, more (409 against 391)."""
-    ours, theirs = simulated if simulated is not None else (decision.peak_bytes, split.peak_bytes)
-    figures = "simulated" if simulated is not None else "by the problem"
-    smaller = ours < (1 - SPLIT_PEAK_MARGIN) * theirs
-    more_kernels = kernels is not None and kernels[0] > kernels[1]
-    counted = {} if kernels is None else {FAST_END_KERNELS: {"solver": kernels[0], "split": kernels[1]}}
-    if smaller and decision.seconds <= split.seconds and not more_kernels:
-        return replace(decision, stats={**decision.stats, **counted})
-    bound = None if decision.gap is None else decision.seconds * (1 - decision.gap)
-    gap = None if bound is None else (0.0 if split.seconds <= 0 else max(0.0, 1 - bound / split.seconds))
-    if not smaller:
-        reason = f"not {SPLIT_PEAK_MARGIN:.0%} less; closer than that, the estimates cannot tell the two apart"
-    elif decision.seconds > split.seconds:
-        reason = "estimated slower: budget 1.0 buys no memory with time"
-    else:
-        reason = (f"but runs {kernels[0]} kernels against the split's {kernels[1]}: budget 1.0 buys no memory "
-                  "with kernels the estimates take as fused")
-    why = (f"the solver's plan ({decision.status}) held {ours} bytes ({figures}) at an estimated "
-           f"{decision.seconds:.3g} s against the split's {theirs} at {split.seconds:.3g} s, " + reason)
-    if split.peak_bytes > decision.budget_bytes:
-        why += f"; the budget is the split's peak, over the fast end's {decision.budget_bytes} bytes"
-    return _with_plan(problem, decision, split, budget_bytes=max(decision.budget_bytes, split.peak_bytes),
-                      status=Status.HEURISTIC, gap=gap,
-                      stats={**decision.stats, **counted, FAST_END_CHOICE: {"plan": "pytorch split", "why": why,
-                                                                 "solver_peak_bytes": decision.peak_bytes,
-                                                                 "solver_seconds": decision.seconds,
-                                                                 "solver_status": decision.status,
-                                                                 "compared": {"solver": ours, "split": theirs,
-                                                                              "figures": figures}}})
-
-
-def least_peak_polish(joint: JointGraph, problem: Problem, decision: Decision, fuse: bool = True,
-                      checks: int | None = None) -> Decision:
-    """``decision`` at budget 0 with those of its polish sweeps' saves (:mod:`solvers.polish`)
-    that leave the predicted peak (:func:`simulated_peak`) where the solver's answer had it.
-
-    Budget 0 asks for the least memory. The least peak is searched in the solvers' schedule,
-    whose peak bounds the simulation's from above; the sweeps save values while that bound holds,
-    which can still raise the simulated peak (on an H200, timm's ViT went from 0.566 to 0.602
-    GiB measured, above timm's checkpointing at 0.585). The sweeps' saves are simulated together;
-    where the peak rises, those of them alive at the simulated peak are dropped, the ones whose
-    loss costs the fewest seconds per byte first, until their bytes cover the rise, and the rest
-    is simulated again. Where none of them is alive there (the rise comes from what saving them
-    changed elsewhere), the longest run of the rest in the sweeps' order that keeps the peak (and
-    the schedule's peak within the budget) is found by bisection and kept, the save after it is
-    dropped, and the search goes on after it. At most ``checks`` simulations
-    (:data:`POLISH_CHECKS`); only saves seen to fit are kept. ``stats["polish"]`` says what was
-    kept and dropped (``dropped_at_peak``: how many of the dropped were alive at a simulated
-    peak; ``at_peak_stop``: why that stopped), the peaks, and the simulations run. "Where it
-    was" allows :data:`POLISH_PEAK_SLACK` of it, far under the simulation's own error against
-    the device (1-3% on the zoo): on timm's Swin (captured on a CPU) the sweeps' 112 saves raised
-    the simulated peak by 0.03%, at a step where none of them was alive.
-
-    On timm's ResNet-50 at budget 0 (captured on a CPU, H100 datasheet rates) the sweeps' 61 saves
-    came to 3216 us of estimated recomputation from 4581: bisection kept 26 of them in 13
-    simulations (3948 us), dropping those alive at the peak keeps 57 in 3 (3247 us)."""
-    report = decision.stats.get("polish") or {}
-    added = list(report.get("added") or [])
-    if not added or "start" not in report:
-        return decision
-    checks = POLISH_CHECKS if checks is None else checks
-    start, runs = time.perf_counter(), [0]
-    base = tuple(report["start"])
-    before_peak = simulated_timeline(joint, problem, base, fuse).peak
-    limit = before_peak + int(POLISH_PEAK_SLACK * before_peak)
-
-    def timeline(saves: list[str]) -> Timeline:
-        runs[0] += 1
-        return simulated_timeline(joint, problem, base + tuple(saves), fuse)
-
-    kept, dropped, rest, stop = [], [], added, "out of checks"
-    while rest and runs[0] < checks:  # drop the saves alive at the simulated peak
-        current = evaluate_names(problem, base + tuple(rest))
-        if current.peak_bytes > decision.budget_bytes:
-            stop = "the schedule's peak over the budget"
-            break
-        line = timeline(rest)
-        if line.peak <= limit:
-            kept, rest, stop = rest, [], "fits"
-            break
-        alive = set(line.saved_at_peak).intersection(rest)
-        drop = _cheapest_losses(problem, base, rest, current.seconds, alive, line.peak - limit, decision.budget_bytes)
-        if not drop:
-            stop = ("no save alive at the peak" if not alive else
-                    "each save alive at the peak, dropped, takes the schedule's peak over the budget")
-            break
-        dropped += drop
-        rest = [n for n in rest if n not in drop]
-    at_peak = len(dropped)
-
-    def fits(saves: list[str]) -> bool:
-        return (evaluate_names(problem, base + tuple(saves)).peak_bytes <= decision.budget_bytes
-                and timeline(saves).peak <= limit)
-
-    while rest and runs[0] < checks:  # bisection over what is left, in the sweeps' order
-        if fits(kept + rest):
-            kept += rest
-            rest = []
-            break
-        low, high = 0, len(rest)  # kept + rest[:low] fits, kept + rest[:high] does not
-        while high - low > 1 and runs[0] < checks:
-            middle = (low + high) // 2
-            low, high = (middle, high) if fits(kept + rest[:middle]) else (low, middle)
-        if high - low > 1:  # out of checks: only what was seen to fit is kept
-            kept += rest[:low]
-            break
-        kept += rest[:low]
-        dropped.append(rest[low])
-        rest = rest[high:]
-    chosen = set(kept)
-    kept = [n for n in added if n in chosen]
-    unchecked = len(added) - len(kept) - len(dropped)
-    plan, before = evaluate_names(problem, base + tuple(kept)), evaluate_names(problem, base)
-    if plan.seconds >= before.seconds:  # what fits gains nothing: the solver's answer stands
-        plan, kept = before, []
-    gap = None if decision.gap is None else relative_gap(plan.seconds, decision.seconds * (1 - decision.gap))
-    note = {**report, "added": kept, "kept": len(kept), "dropped": dropped, "dropped_at_peak": at_peak,
-            "at_peak_stop": stop, "unchecked": unchecked,
-            "objective_after": plan.seconds, "simulated_peak_before": before_peak,
-            "simulated_peak_limit": limit, "simulations": 1 + runs[0],
-            "check_seconds": round(time.perf_counter() - start, 3)}
-    return _with_plan(problem, decision, plan, gap=gap, stats={**decision.stats, "polish": note})
-
-
-def _cheapest_losses(problem: Problem, base: tuple[str, ...], saves: list[str], seconds: float, alive: set[str],
-                     excess: int, budget_bytes: int) -> list[str]:
-    """Of the saves in ``alive``, those to drop so that their bytes cover ``excess``: fewest
-    seconds lost per byte first (each loss measured with every other save kept, against the
-    ``seconds`` of keeping them all), leaving out a save whose loss alone takes the schedule's
-    peak over ``budget_bytes`` (its recomputation)."""
-    names = sorted(alive, key=saves.index)
-    size = {name: int(problem.nbytes[i]) for name, i in zip(names, problem.index(names))}
-    costs = {}
-    for name in names:
-        without = evaluate_names(problem, base + tuple(n for n in saves if n != name))
-        if without.peak_bytes <= budget_bytes:
-            costs[name] = (without.seconds - seconds) / max(1, size[name])
-    chosen, covered = [], 0
-    for name in sorted(costs, key=lambda n: (costs[n], saves.index(n))):
-        chosen.append(name)
-        covered += size[name]
-        if covered >= excess:
-            break
-    return chosen
-
-
-def _with_plan(problem: Problem, decision: Decision, plan: Evaluation, **changes: Any) -> Decision:
-    """``decision`` saving what ``plan`` saves, with ``plan``'s figures, and ``changes``."""
-    return replace(decision, saved=tuple(problem.names[i] for i in np.flatnonzero(plan.saved)),
-                   memory_bytes=plan.memory_bytes, peak_bytes=plan.peak_bytes,
-                   recompute_seconds=plan.recompute_seconds, save_seconds=plan.save_seconds, **changes)
-
-
-def restore_polish_drops(joint: JointGraph, plan: GraphPlan, compiled_peak: int, among: Collection[str],
-                         fuse: bool = True) -> tuple[GraphPlan | None, dict[str, Any]]:
-    """``plan`` with the saves budget 0's polish dropped (:func:`least_peak_polish`, those of
-    ``among``) saved again, where the code inductor wrote for a plan that dropped them was found
-    to hold ``compiled_peak`` (:meth:`PlannerBackend.compiled_timelines`), more than the plan
-    restored is predicted to; None where nothing is to restore, the schedule's peak would pass
-    the budget, or the restored plan is predicted no lower. Beside it, what was tried and how it
-    ended (``outcome``), for :attr:`PlannerBackend.polish_restores`.
-
-    The polish drops a save alive at the simulated peak on the memory model's word. Dropping it
-    lengthens what the backward recomputes, and a long pointwise expression is one inductor
-    stores as it lowers it (past ``realize_opcount_threshold`` ops), which the model does not
-    count: on an H200, ConvNeXt-V2's budget 0 without 5 of its sweeps' saves measured 0.835 GiB
-    against 0.684 predicted, inductor having stored each first-stage block's float32 GELU
-    gradient (294 MiB)."""
-    polish = plan.decision.stats.get("polish") or {}
-    saved = set(plan.decision.saved)
-    dropped = [name for name in polish.get("dropped") or [] if name in set(among) and name not in saved]
-    info: dict[str, Any] = {"dropped": dropped, "compiled_peak": compiled_peak}
-    if not dropped:
-        return None, {**info, "outcome": "no save of the polish's to restore"}
-    names = tuple(plan.decision.saved) + tuple(dropped)
-    evaluation = evaluate_names(plan.problem, names)
-    if evaluation.peak_bytes > plan.decision.budget_bytes:
-        return None, {**info, "outcome": "the schedule's peak would pass the budget"}
-    info["restored_peak"] = predicted = simulated_timeline(joint, plan.problem, names, fuse, joint.released).peak
-    if predicted >= compiled_peak:
-        return None, {**info, "outcome": "the plan restored is predicted no lower"}
-    note = {**polish, "restored": dropped, "restored_for": {"compiled_peak": compiled_peak, "restored_peak": predicted}}
-    return (replace(plan, decision=_with_plan(plan.problem, plan.decision, evaluation,
-                                              stats={**plan.decision.stats, "polish": note})),
-            {**info, "outcome": "restored"})
-
-
-# Budget 0: the most simulations spent keeping the polish sweeps' saves that leave the predicted
-# peak as it was (each emits and simulates the graph: on the H200 machine's CPU about 1.1 s on the
-# zoo's ViT and 2.6 s on ResNet-50, before the simulation was made a third faster)
-POLISH_CHECKS = 12
-# ... and the share by which the kept saves may raise the simulated peak of the solver's answer
-POLISH_PEAK_SLACK = 0.002
-
-
-def compiles_as_pytorch(decision: Decision) -> bool:
-    """Whether a graph planned with ``decision`` is split by PyTorch's own partitioner and
-    compiled as torch.compile compiles it (inductor's own settings; :func:`planner._torch_compat.
-    pytorch_split_modules`): where budget 1.0 took PyTorch's split (:func:`prefer_pytorch_split`)
-    and nothing is offloaded. The plan is then torch.compile's step, not a copy of it made by the
-    emitter: on an H100, the split emitted by the planner and compiled with the planner's inductor
-    settings measured up to 4% slower than torch.compile's (GPT-2 at 1.0, 13.7 against 13.2 ms)."""
-    return decision.stats.get(FAST_END_CHOICE, {}).get("plan") == "pytorch split" and not decision.offloaded
-
-
-def _pytorch_modules(joint: JointGraph, problem: Problem,
-                     decision: Decision) -> tuple[fx.GraphModule, fx.GraphModule] | None:
-    """PyTorch's partitioner's own split of ``joint`` (:func:`compiles_as_pytorch`): the modules
-    weighed when this graph's plan was made, where they were the last weighed (the same call on
-    the same graph, so the same modules), else split again. None, with a warning, where that
-    fails here, or where the split saves other values than ``decision`` (a plan file made with
-    another torch): the planner then emits the decision's saved set itself, compiled its own way."""
-    weighed = _LAST_SPLIT_MODULES.pop(id(joint), None)  # the slot holds its graph: the id names no other
-    if weighed is not None:
-        return weighed[1:]
-    try:
-        forward, backward, names = _split_of(joint, problem, fuse=True)
-        saved = named_plan(problem, names).saved
-    except Exception as err:  # PyTorch's partitioner is private; the plan stands without it
-        warnings.warn(f"PyTorch's partitioner failed to split this graph ({type(err).__name__}: {err}); the planner "
-                      "emits PyTorch's saved set itself, compiled with the planner's inductor settings", stacklevel=2)
-        return None
-    theirs = {problem.names[i] for i in np.flatnonzero(saved)}
-    if theirs != set(decision.saved):
-        warnings.warn(f"PyTorch's split of this graph saves other values than the plan, which took that split "
-                      f"({len(theirs ^ set(decision.saved))} differ; a plan file made with another torch?); the "
-                      "planner emits the plan's saved set itself, compiled with the planner's inductor settings",
-                      stacklevel=2)
-        return None
-    return forward, backward
-
-
-def auto_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, solver: Solver, estimator: Estimator,
-                 decision: Decision) -> Decision:
-    """``offload="auto"``: the budget's plan with the offloads the host link hides
-    (:func:`planner.offload.offloaded_decision`, lowering its peak), or the fastest plan with
-    offloads that bring its peak under the budget where that is estimated faster.
-    ``stats["offload"]`` says which, and what was offloaded; on a CPU graph, that nothing is."""
-    link = offload.host_link(joint, config.offload_bandwidth)
-    if link is None:
-        return replace(decision, stats={**decision.stats, "offload": "none: the graph runs on the CPU, whose memory "
-                                                                     "is the host's"})
-    estimator.prepare([n for n in joint.graph.nodes if n.op == "call_function"])  # the backward's ops too
-    runtime = offload.op_seconds(estimator, fuse=config.codegen == "inductor")
-    if solver.offload_backend(time.monotonic()) is not None:
-        return exact_offload(joint, problem, config, solver, runtime, link, decision)
-    budget = decision.budget_bytes
-    fast = runtime_optimal_plan(problem)
-    if fast.peak_bytes > budget and fast.seconds < decision.seconds:
-        moved = offload.offloaded_decision(joint, problem, solver.solve(problem, fast.peak_bytes), runtime, budget,
-                                           link, config.offload_min_bytes, config.offload_host_bytes)
-        if moved.peak_bytes <= budget and moved.seconds < decision.seconds:
-            note = {**moved.stats["offload"], "plan": "the fastest plan, offloaded under the budget",
-                    "seconds_without_offload": decision.seconds, "method": GREEDY_OFFLOADS.format(solver.name)}
-            return replace(moved, budget_bytes=budget, stats={**moved.stats, "offload": note})
-    kept = offload.offloaded_decision(joint, problem, decision, runtime, 0, link, config.offload_min_bytes,
-                                      config.offload_host_bytes)
-    return replace(kept, stats={**kept.stats, "offload": {**kept.stats["offload"], "plan": "the budget's plan",
-                                                          "method": GREEDY_OFFLOADS.format(solver.name)}})
-
-
-GREEDY_OFFLOADS = ("greedy offloads after the {} plan (planner.offload.choose_offloads): the solver does not weigh "
-                   "offloading")
-
-
-def offload_goes_lower(joint: JointGraph, config: PlannerConfig, solver: Solver) -> bool:
-    """Whether a budget below the least peak without offloading may still be met: ``offload
-    = "auto"``, a solver that weighs offloading, and a host to offload to."""
-    return (config.offload == "auto" and solver.offload_backend(time.monotonic()) is not None
-            and offload.host_link(joint, config.offload_bandwidth) is not None)
-
-
-def offload_guides(problem: Problem, start: Evaluation) -> tuple:
-    """The reads the offload windows follow (:func:`planner.offload.offload_windows`): those of
-    the plan the exact program starts from, of the frugal reference (each block's boundary saved
-    and read where the block's backward begins), and of the direct readers."""
-    return start.recomputed, reference_plan(problem).recomputed, None
-
-
-def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, solver: Solver,
-                  runtime: Callable[[fx.Node], float], link: float, decision: Decision) -> Decision:
-    """The fastest plan within the decision's budget that saves, recomputes or offloads each
-    value, by the exact solver's own back end (:func:`solvers.offload.solve_offloading`),
-    started from ``decision`` (which may be over the budget, where offloading is to reach
-    below the least peak without it). At budget 0.0, the least peak with offloading first
-    (:func:`solvers.offload.least_peak_offloading`), then the fastest plan at that peak, each
-    within the solver's time limit. Its copies run in the windows the program priced
-    (:func:`planner.offload.offload_windows`). Where it offloads nothing, the budget's own plan
-    stands as it was (PyTorch's split at 1.0 among them). ``stats["offload"]`` says what was offloaded,
-    the program's status and gap, and the plan's seconds with and without offloading."""
-    began = time.perf_counter()
-    start = evaluate_names(problem, decision.saved)
-    windows = offload.offload_windows(joint, problem, runtime, link, config.offload_min_bytes,
-                                      config.offload_op_seconds, guides=offload_guides(problem, start))
-    budget, least = decision.budget_bytes, None
-    if config.budget.fraction == 0.0:  # the most frugal plan: the least peak with offloading, then the fastest there
-        least = least_peak_offloading(problem, windows, start, time.monotonic() + solver.time_limit,
-                                      config.offload_host_bytes)
-        budget = min(budget, least.plan.peak_bytes)
-    deadline = time.monotonic() + solver.time_limit
-    found = solve_offloading(problem, budget, windows, start if least is None else least.plan, deadline,
-                             solver.offload_backend(deadline), config.offload_host_bytes,
-                             None if least is None else least.offloaded)
-    if found.plan.peak_bytes > budget:
-        verdict = ("proved that no plan within it exists" if found.status == "infeasible"
-                   else f"found no plan within it in {solver.time_limit:g} s")
-        raise InfeasibleBudget(decision.budget_bytes, start.peak_bytes, proven=False,
-                               note=f"with offloading, {solver.name} {verdict}, {len(windows)} values that may be "
-                                    "offloaded, in the windows of planner.offload.offload_windows")
-    names = problem.names
-    offloaded = tuple(names[int(windows.nodes[k])] for k in np.flatnonzero(found.offloaded))
-    note = {"method": f"{solver.name}: save, recompute or offload per value (solvers.offload)",
-            "plan": "the budget's plan with offloading weighed", "offloaded": len(offloaded),
-            "offloaded_bytes": int(problem.nbytes[windows.nodes[found.offloaded]].sum()),
-            "peak_bytes_on_device_alone": start.peak_bytes, "bytes_per_second": link,
-            "host_bytes_limit": config.offload_host_bytes, "status": found.status, "gap": found.gap,
-            "seconds_with_offload": found.seconds, "seconds_without_offload": start.seconds,
-            "op_seconds": windows.op_seconds, "solve_seconds": time.perf_counter() - began,
-            **({} if least is None else {"least_peak": {"peak_bytes": least.plan.peak_bytes, "status": least.status,
-                                                        "rounds": least.stats.get("rounds")}}),
-            **{f"program_{k}": v for k, v in found.stats.items()}}
-    if not offloaded and decision.peak_bytes <= budget:  # offloading buys nothing: the budget's own plan
-        note["plan"] = "the budget's plan: the program offloads nothing"
-        return replace(decision, stats={**decision.stats, "offload": note})
-    plan = found.plan
-    return replace(decision, budget_bytes=budget, saved=tuple(names[i] for i in np.flatnonzero(plan.saved)),
-                   offloaded=offloaded,
-                   transfers=offload.windows_decision(problem, windows, found.offloaded), peak_bytes=plan.peak_bytes,
-                   memory_bytes=plan.memory_bytes, recompute_seconds=plan.recompute_seconds,
-                   save_seconds=plan.save_seconds, status=found.status, gap=found.gap,
-                   stats={**decision.stats, "offload": note})
-
-
-def pytorch_split(joint: JointGraph, problem: Problem, fuse: bool = True) -> tuple[Evaluation | None, dict[str, Any]]:
-    """PyTorch's own split of ``joint`` (``torch.compile``'s at its default budget) as the
-    planner prices it, and what the decision's stats say of it: ``{PYTORCH_PEAK: peak bytes,
-    PYTORCH_SIMULATED_PEAK: its modules' simulated peak}``, or where that split cannot be had or
-    read as a plan of ``problem``, ``(None, {"pytorch_split": why})`` (a warning says so, and
-    budget 1.0 is the planner's own fast end)."""
-    try:
-        found = _pytorch_split(joint, problem, fuse)
-        split = named_plan(problem, found.names)
-    except Exception as err:  # PyTorch's partitioner is private and may fail on graphs the planner takes
-        why = f"{type(err).__name__}: {err}"
-        warnings.warn(f"PyTorch's own split of this graph failed ({why}); budget 1.0 is the planner's fast end "
-                      "alone (fast_end='model')", stacklevel=2)
-        return None, {"pytorch_split": f"failed ({why})"}
-    return split, {PYTORCH_PEAK: split.peak_bytes, PYTORCH_SIMULATED_PEAK: found.simulated_peak,
-                   PYTORCH_SPLIT_SECONDS: found.seconds, PYTORCH_KERNELS: found.kernels}
-
-
-def pytorch_split_plan(joint: JointGraph, problem: Problem, fuse: bool = True) -> Evaluation:
-    """PyTorch's own split of ``joint`` as a plan of ``problem``: what it saves, named by the
-    forward nodes of ``problem`` (a ``detach`` it moved into the forward by the node it reads;
-    :func:`planner.bounds.named_plan` takes views to their bases)."""
-    return named_plan(problem, _pytorch_split(joint, problem, fuse).names)
-
-
-def _pytorch_split(joint: JointGraph, problem: Problem, fuse: bool) -> _Split:
-    """PyTorch's split of ``joint`` as handed over (:meth:`JointGraph.given_module`), split once
-    per graph in a process (kept by fingerprint: a notebook sweeping budgets, a graph planned
-    again for the step seen); ``fuse`` as for :func:`planner.memory.simulate`."""
-    key = (joint.fingerprint, fuse)
-    found = _PYTORCH_SPLITS.get(key)
-    if found is None:
-        start = time.perf_counter()
-        forward, backward, names = _split_of(joint, problem, fuse)
-        seconds = time.perf_counter() - start
-        timeline = simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse)
-        found = _Split(names, timeline.peak, seconds, timeline.kernels)
-        _PYTORCH_SPLITS[key] = found
-        _LAST_SPLIT_MODULES.clear()
-        _LAST_SPLIT_MODULES[id(joint)] = joint, forward, backward
-    return found
-
-
-def _split_of(joint: JointGraph, problem: Problem,
-              fuse: bool) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
-    """PyTorch's partitioner's modules for ``joint`` as handed over, with inductor's arguments
-    (:attr:`JointGraph.partition_kwargs`), and what they save, named by nodes of ``problem``.
-    With ``fuse``, their widening casts that inductor would store read their narrow input
-    stored instead, as the emitter's do (:func:`planner.emit.store_narrow_casts`)."""
-    forward, backward = _torch_compat.pytorch_split_modules(joint.given_module(), list(joint.joint_inputs),
-                                                            joint.num_fwd_outputs, **joint.partition_kwargs)
-    names, inputs = problem.names, problem.inputs
-    inputs_of = {name: [names[k] for k in inputs[i]] for i, name in enumerate(names)}
-    saved = _torch_compat.split_saved_names(forward, backward, known=set(names), inputs_of=inputs_of)
-    if fuse:
-        store_narrow_casts(forward, backward, convolutions_laid_out([*joint.primals, *joint.forward_nodes]))
-    return forward, backward, saved
-
-
-def simulated_peak(joint: JointGraph, problem: Problem, saved: tuple[str, ...], fuse: bool = True) -> int:
-    """The simulated peak (:func:`planner.memory.simulate`) of the modules the emitter makes of
-    ``joint`` saving ``saved``: what the planner predicts for that plan. ``joint`` is left as is."""
-    return simulated_timeline(joint, problem, saved, fuse).peak
-
-
-def simulated_timeline(joint: JointGraph, problem: Problem, saved: tuple[str, ...], fuse: bool = True,
-                       released: Collection[int] = ()) -> Timeline:
-    """:func:`simulated_peak`'s whole timeline, with what is alive at its peak and the kernels
-    the modules run; ``released``: the places of the outputs the caller frees before the
-    backward (``JointGraph.released``), as the backend counts its graphs."""
-    with _torch_compat.lazy_graph_modules():  # walked, never run
-        forward, backward = emit(joint.copy(), problem, saved, fuse=fuse)
-        return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=released)
 
 
 def configured_solver(config: PlannerConfig, problem: Problem, time_limit: float | None = None) -> Solver:
@@ -837,7 +368,7 @@ class PlannerBackend:
         if part is not None and self._replans(key) and not part.seen:
             part.joint = joint.copy()  # before the split below consumes the joint graph
         decision = graph_plan.decision
-        split = (_pytorch_modules(joint, graph_plan.problem, decision)
+        split = (pytorch_modules(joint, graph_plan.problem, decision)
                  if self.config.codegen == "inductor" and compiles_as_pytorch(decision) else None)
         fuse = self.config.codegen == "inductor"
         if split is not None:

@@ -69,12 +69,12 @@ class PlannerConfig:
         the planner's memory model, that peak: the solver then finds the fastest plan holding no
         more than PyTorch would, and at budget 1.0 itself the plan is PyTorch's split unless the
         solver's holds more than 3% less, the two plans' modules simulated, and is not
-        estimated slower (:func:`planner.compiler.prefer_pytorch_split`: the estimates cannot
+        estimated slower (:func:`planner.torch_split.prefer_pytorch_split`: the estimates cannot
         tell plans closer than that apart, and 1.0 buys no memory with time;
         ``Decision.stats["fast_end_choice"]``
         says when the split was taken). A split so taken is PyTorch's partitioner's own forward
         and backward, compiled as ``torch.compile`` compiles them
-        (:func:`planner.compiler.compiles_as_pytorch`), so budget 1.0's step is torch.compile's
+        (:func:`planner.torch_split.compiles_as_pytorch`), so budget 1.0's step is torch.compile's
         wherever the split is taken. ``"model"``: the planner's fast end alone.
     offload : ``"off"`` (default): saved values stay in device memory. ``"auto"``: on a CUDA
         device, saved values may also be offloaded to host memory (:mod:`planner.offload`).

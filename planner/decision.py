@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import json
 import numbers
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-__all__ = ["Decision", "Status"]
+if TYPE_CHECKING:
+    from planner.problem import Evaluation, Problem
+
+__all__ = ["Decision", "Status", "with_plan"]
 
 
 class Status:
@@ -102,3 +105,11 @@ def _plain(value: Any, where: str) -> Any:
         return float(value)
     raise TypeError(f"decision field {where} holds a {type(value).__module__}.{type(value).__qualname__}, "
                     f"which a plan file or the decision cache cannot keep (numbers, strings, lists and dicts only)")
+
+
+def with_plan(problem: Problem, decision: Decision, plan: Evaluation, **changes: Any) -> Decision:
+    """``decision`` saving what ``plan`` saves, with ``plan``'s figures, and ``changes``."""
+    return replace(decision, saved=tuple(problem.names[i] for i in np.flatnonzero(plan.saved)),
+                   memory_bytes=plan.memory_bytes, peak_bytes=plan.peak_bytes,
+                   recompute_seconds=plan.recompute_seconds, save_seconds=plan.save_seconds, **changes)
+

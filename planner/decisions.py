@@ -100,7 +100,7 @@ def reuse_or_solve(key: str, solve: Callable[[], Decision], check: Callable[[Dec
 def keep_decision(key: str, decision: Decision) -> None:
     """Keep ``decision`` under ``key``, in memory and on disk, in place of what was kept there
     (a decision corrected once its graph was compiled: see
-    :func:`planner.compiler.restore_polish_drops`)."""
+    :func:`planner.peak_polish.restore_polish_drops`)."""
     _kept[key] = decision
     try:
         record = decision.to_dict()

@@ -7,7 +7,7 @@ import torch._inductor.config as inductor_config
 
 import planner
 from planner import _torch_compat
-from planner.compiler import FAST_END_CHOICE, compiles_as_pytorch
+from planner.torch_split import FAST_END_CHOICE, compiles_as_pytorch
 from planner.models import GPTConfig, gpt_example
 from tests.models import MODELS
 from tests.training import assert_same_step
@@ -126,10 +126,10 @@ def test_budget_one_weighs_the_split_torch_compile_makes_of_the_graph_as_handed_
     planner's reordering (the dropout GPT's forward values tagged backward, placed after their
     inputs)."""
     from estimators import get_estimator
-    from planner import compiler
+    from planner import torch_split
     from planner.bounds import named_plan
     from planner.build import build_problem
-    from planner.compiler import pytorch_split_plan
+    from planner.torch_split import pytorch_split_plan
 
     with torch._inductor.config.patch(fallback_random=True):
         joint = planner.capture(*MODELS["gpt"](), codegen="inductor")
@@ -142,7 +142,7 @@ def test_budget_one_weighs_the_split_torch_compile_makes_of_the_graph_as_handed_
         orders.append([n.name for n in module.graph.nodes])
         return split(module, *args, **kwargs)
 
-    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
+    monkeypatch.setattr(torch_split, "_PYTORCH_SPLITS", {})
     monkeypatch.setattr(_torch_compat, "pytorch_split_modules", seen)
     weighed = pytorch_split_plan(joint, problem)
     assert orders == [handed_over]
@@ -171,13 +171,13 @@ def test_where_pytorchs_partitioner_fails_the_planner_emits_the_split_and_says_s
 def test_a_compile_at_the_split_runs_pytorchs_partitioner_once_per_graph(compiled, monkeypatch, tmp_path):
     """The split weighed while planning is the one compiled: same graph, same arguments
     (inductor's static inputs, the parameters, which PyTorch's partitioner counts free to save)."""
-    from planner import compiler
+    from planner import torch_split
     from planner.decisions import forget_decisions
 
     calls = []
     split = _torch_compat.pytorch_split_modules
     monkeypatch.setattr(_torch_compat, "pytorch_split_modules", lambda *a, **kw: calls.append(kw) or split(*a, **kw))
-    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
+    monkeypatch.setattr(torch_split, "_PYTORCH_SPLITS", {})
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     forget_decisions()  # solved here, not read back from an earlier test
     network, inputs = _gpt_without_dropout()

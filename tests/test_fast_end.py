@@ -45,7 +45,8 @@ def _frugal_split(joint, problem, fuse=True):
     which the test models do not have."""
     import numpy as np
 
-    from planner.compiler import PYTORCH_PEAK, PYTORCH_SIMULATED_PEAK, simulated_peak
+    from planner.predict import simulated_peak
+    from planner.torch_split import PYTORCH_PEAK, PYTORCH_SIMULATED_PEAK
 
     plan = reference_plan(problem)
     names = tuple(problem.names[i] for i in np.flatnonzero(plan.saved))
@@ -63,7 +64,9 @@ def test_budget_one_holds_no_more_than_pytorchs_own_split(monkeypatch, tmp_path)
     import numpy as np
 
     import planner.compiler as compiler
-    from planner.compiler import FAST_END_CHOICE, PYTORCH_PEAK, PYTORCH_SIMULATED_PEAK, pytorch_split_plan, solve_graph
+    from planner import torch_split
+    from planner.compiler import solve_graph
+    from planner.torch_split import FAST_END_CHOICE, PYTORCH_PEAK, PYTORCH_SIMULATED_PEAK, pytorch_split_plan
     from planner.decisions import forget_decisions
     from planner.config import PlannerConfig
     from planner.tracing import as_inputs, capture
@@ -79,7 +82,7 @@ def test_budget_one_holds_no_more_than_pytorchs_own_split(monkeypatch, tmp_path)
         assert anchored.decision.stats[PYTORCH_PEAK] == theirs.peak_bytes
         compared = anchored.decision.stats[FAST_END_CHOICE]["compared"]
         assert compared["figures"] == "simulated" and compared["split"] == anchored.decision.stats[PYTORCH_SIMULATED_PEAK]
-        assert compared["solver"] >= (1 - compiler.SPLIT_PEAK_MARGIN) * compared["split"]
+        assert compared["solver"] >= (1 - torch_split.SPLIT_PEAK_MARGIN) * compared["split"]
         assert anchored.decision.saved == tuple(anchored.problem.names[i] for i in np.flatnonzero(theirs.saved))
         assert anchored.decision.budget_bytes == theirs.peak_bytes
 
@@ -124,7 +127,7 @@ def test_a_split_named_by_its_views_saves_their_bases():
 
 def test_pytorchs_split_runs_once_per_graph(monkeypatch, tmp_path):
     """Budgets swept on one graph (a notebook) split it with PyTorch's partitioner once."""
-    from planner import _torch_compat, compiler
+    from planner import _torch_compat, compiler, torch_split
     from planner.config import PlannerConfig
     from planner.decisions import forget_decisions
     from planner.tracing import as_inputs, capture
@@ -133,12 +136,12 @@ def test_pytorchs_split_runs_once_per_graph(monkeypatch, tmp_path):
     calls = []
     split = _torch_compat.pytorch_split_modules
     monkeypatch.setattr(_torch_compat, "pytorch_split_modules", lambda *a, **kw: calls.append(1) or split(*a, **kw))
-    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
+    monkeypatch.setattr(torch_split, "_PYTORCH_SPLITS", {})
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     forget_decisions()  # each budget solved afresh, not reused from an earlier test
     model, inputs = models.cnn()
     joint = capture(model, as_inputs(inputs), codegen="inductor")
-    peaks = {compiler.solve_graph(joint, PlannerConfig(memory_budget=b, time_limit=5)).decision.stats[compiler.PYTORCH_PEAK]
+    peaks = {compiler.solve_graph(joint, PlannerConfig(memory_budget=b, time_limit=5)).decision.stats[torch_split.PYTORCH_PEAK]
              for b in (1.0, 0.5, 0.2)}
     assert len(calls) == 1 and len(peaks) == 1
 
@@ -146,7 +149,7 @@ def test_pytorchs_split_runs_once_per_graph(monkeypatch, tmp_path):
 def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monkeypatch, tmp_path):
     import pytest
 
-    from planner import _torch_compat, compiler
+    from planner import _torch_compat, compiler, torch_split
     from planner.decisions import forget_decisions
     from planner.config import PlannerConfig
     from planner.tracing import as_inputs, capture
@@ -156,7 +159,7 @@ def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monk
         raise RuntimeError("no split here")
 
     monkeypatch.setattr(_torch_compat, "pytorch_split_modules", broken)
-    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
+    monkeypatch.setattr(torch_split, "_PYTORCH_SPLITS", {})
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     forget_decisions()  # solved afresh, not reused from an earlier test
     model, inputs = models.cnn()
@@ -164,7 +167,7 @@ def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monk
     with pytest.warns(UserWarning, match="PyTorch's own split of this graph failed .*no split here"):
         plan = compiler.solve_graph(joint, PlannerConfig(memory_budget=1.0, time_limit=5))
     assert "no split here" in plan.decision.stats["pytorch_split"]
-    assert compiler.PYTORCH_PEAK not in plan.decision.stats
+    assert torch_split.PYTORCH_PEAK not in plan.decision.stats
     assert plan.decision.budget_bytes == bounds.fast_end_plan(plan.problem).peak_bytes
     forget_decisions()  # a decision made without the split is not one for later tests to reuse
 
@@ -199,7 +202,7 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
     unless that is estimated slower than the split."""
     import numpy as np
 
-    from planner.compiler import FAST_END_CHOICE, FAST_END_KERNELS, SPLIT_PEAK_MARGIN, prefer_pytorch_split
+    from planner.torch_split import FAST_END_CHOICE, FAST_END_KERNELS, SPLIT_PEAK_MARGIN, prefer_pytorch_split
     from planner.decision import Decision
 
     problem = random_problem(seed=7, n=9, timed=True, priced=True)
@@ -258,13 +261,13 @@ def test_the_auto_time_limit_is_a_multiple_of_pytorchs_partition_where_that_was_
     """A fraction budget times PyTorch's split of the graph; the auto limit is then no more than
     AUTO_PARTITION_MULTIPLE times that, and the decision says which rule set it."""
     import planner.config as config_module
-    from planner import compiler
+    from planner import compiler, torch_split
     from planner.config import AUTO_PARTITION_MULTIPLE, PlannerConfig
     from planner.decisions import forget_decisions
     from planner.tracing import as_inputs, capture
     from tests import models
 
-    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
+    monkeypatch.setattr(torch_split, "_PYTORCH_SPLITS", {})
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     forget_decisions()
     model, inputs = models.cnn()
@@ -272,13 +275,13 @@ def test_the_auto_time_limit_is_a_multiple_of_pytorchs_partition_where_that_was_
     # a per-node rule far above any partition time, and no floor: the partition's multiple decides
     monkeypatch.setattr(config_module, "AUTO_TIME_LIMIT", (10.0, 1e-3, 1e4))
     stats = compiler.solve_graph(joint, PlannerConfig(memory_budget=0.5, solver="greedy")).decision.stats
-    partition = stats[compiler.PYTORCH_SPLIT_SECONDS]
+    partition = stats[torch_split.PYTORCH_SPLIT_SECONDS]
     assert 0 < partition and stats["time_limit"]["seconds"] == pytest.approx(AUTO_PARTITION_MULTIPLE * partition)
     assert "PyTorch's partition of the graph" in stats["time_limit"]["rule"]
     # an absolute budget makes no split: the per-node rule
     forget_decisions()
     plan = compiler.solve_graph(joint, PlannerConfig(memory_budget=10**9, solver="greedy"))
-    assert compiler.PYTORCH_SPLIT_SECONDS not in plan.decision.stats
+    assert torch_split.PYTORCH_SPLIT_SECONDS not in plan.decision.stats
     assert plan.decision.stats["time_limit"]["seconds"] == pytest.approx(10.0 * len(plan.problem))
     assert "ms per node" in plan.decision.stats["time_limit"]["rule"]
     forget_decisions()
@@ -290,7 +293,7 @@ def test_the_predicted_frugal_end_reuses_the_least_peak_search_of_the_solve(monk
     run again under the per-node limit."""
     import planner
     import planner.config as config_module
-    from planner import compiler
+    from planner import compiler, torch_split
     from planner.decisions import forget_decisions
     from tests import models
 
@@ -298,7 +301,7 @@ def test_the_predicted_frugal_end_reuses_the_least_peak_search_of_the_solve(monk
     search = compiler.min_peak_plan
     monkeypatch.setattr(compiler, "min_peak_plan", lambda problem, time_limit: limits.append(time_limit) or search(problem, time_limit))
     monkeypatch.setattr(config_module, "AUTO_TIME_LIMIT", (10.0, 1e-3, 1e4))  # the partition's multiple decides
-    monkeypatch.setattr(compiler, "_PYTORCH_SPLITS", {})
+    monkeypatch.setattr(torch_split, "_PYTORCH_SPLITS", {})
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
     forget_decisions()
     model, inputs = models.cnn()
@@ -319,7 +322,9 @@ def test_budget_zero_keeps_only_the_polish_saves_that_leave_the_predicted_peak_w
     import numpy as np
     from dataclasses import replace
     from itertools import islice
-    from planner.compiler import POLISH_PEAK_SLACK, least_peak_polish, simulated_peak, solve_graph
+    from planner.compiler import solve_graph
+    from planner.peak_polish import POLISH_PEAK_SLACK, least_peak_polish
+    from planner.predict import simulated_peak
     from planner.config import PlannerConfig
     from planner.decisions import forget_decisions
     from planner.problem import evaluate_names

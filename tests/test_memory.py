@@ -1134,7 +1134,7 @@ def test_a_simulation_finds_readers_once_and_forgets_them(name, monkeypatch):
     import contextlib
 
     from planner import memory
-    from planner.compiler import simulated_timeline
+    from planner.predict import simulated_timeline
 
     model, inputs = MODELS[name]()
     joint = planner.capture(model, inputs, codegen="inductor")

@@ -587,6 +587,8 @@ def _dropping_polish(monkeypatch):
     """Budget 0's polish, made to drop one more save (the last the solver kept), as it drops one
     alive at the simulated peak; the name dropped is returned in a list once it has run."""
     import planner.compiler as compiler
+    from planner.decision import with_plan
+    from planner.problem import evaluate_names
 
     real, dropped = compiler.least_peak_polish, []
 
@@ -594,10 +596,10 @@ def _dropping_polish(monkeypatch):
         out = real(joint, problem, decision, fuse, checks)
         report = dict(out.stats.get("polish") or {})
         victim = out.saved[-1]
-        plan = compiler.evaluate_names(problem, tuple(n for n in out.saved if n != victim))
+        plan = evaluate_names(problem, tuple(n for n in out.saved if n != victim))
         report["dropped"] = [*report.get("dropped", []), victim]
         dropped.append(victim)
-        return compiler._with_plan(problem, out, plan, stats={**out.stats, "polish": report})
+        return with_plan(problem, out, plan, stats={**out.stats, "polish": report})
 
     monkeypatch.setattr(compiler, "least_peak_polish", polish)
     return dropped
