@@ -244,7 +244,7 @@ def store_narrow_random(graph: fx.Graph) -> list[fx.Node]:
     stored = []
     for node in [n for n in graph.nodes if n.meta.get("recomputed")]:
         value = narrow_random_value(node)
-        if value is None or not dense_layout(val := value.meta["val"]):
+        if value is None or not dense_layout(value.meta["val"]):
             continue
         _read_as_traced(graph, value)
         stored.append(value)
