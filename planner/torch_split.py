@@ -16,7 +16,7 @@ from planner.decision import Decision, Status, with_plan
 from planner.emit import store_narrow_casts
 from planner.graph import JointGraph
 from planner.memory import convolutions_laid_out, simulate
-from planner.problem import Evaluation, Problem
+from planner.problem import Evaluation, InfeasibleDecision, Problem
 
 __all__ = ["FAST_END_CHOICE", "FAST_END_KERNELS", "PYTORCH_KERNELS", "PYTORCH_PEAK", "PYTORCH_SIMULATED_PEAK",
            "PYTORCH_SPLIT_SECONDS", "SPLIT_PEAK_MARGIN", "compiles_as_pytorch", "prefer_pytorch_split",
@@ -167,6 +167,10 @@ def pytorch_split(joint: JointGraph, problem: Problem, fuse: bool = True) -> tup
     try:
         found = _pytorch_split(joint, problem, fuse)
         split = named_plan(problem, found.names)
+    except InfeasibleDecision as err:  # the split recomputes what must not be (a read of a buffer the step updates)
+        warnings.warn(f"PyTorch's own split of this graph is not taken: {err}; budget 1.0 is the planner's fast end "
+                      "alone (fast_end='model')", stacklevel=2)
+        return None, {"pytorch_split": f"not taken ({err})"}
     except Exception as err:  # PyTorch's partitioner is private and may fail on graphs the planner takes
         why = f"{type(err).__name__}: {err}"
         warnings.warn(f"PyTorch's own split of this graph failed ({why}); budget 1.0 is the planner's fast end "
