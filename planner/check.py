@@ -122,7 +122,9 @@ def check_model(made: tuple, budgets: Sequence[Any], compile_planned: Callable[[
     model, inputs = _cast(made, dtype)
     model.train()
     base = copy.deepcopy(model)  # every run starts from the same weights and buffers
-    eager = train_step(model, model, inputs, autocast=autocast)
+    # each run gets its own copy of the inputs: a model that updates an input in place (a running
+    # statistic passed in) would otherwise hand every later run what the earlier ones left
+    eager = train_step(model, model, copy.deepcopy(inputs), autocast=autocast)
     rows: list[dict[str, Any]] = []
     allowed = tolerance
 
@@ -130,7 +132,7 @@ def check_model(made: tuple, budgets: Sequence[Any], compile_planned: Callable[[
         import torch._inductor.config as inductor_config
 
         with inductor_config.patch(fallback_random=True):  # compiled lazily, in the first call
-            return compare_steps(train_step(run, twin, inputs, autocast=autocast), eager)
+            return compare_steps(train_step(run, twin, copy.deepcopy(inputs), autocast=autocast), eager)
 
     if torch_compile:
         torch._dynamo.reset()
