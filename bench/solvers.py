@@ -110,7 +110,7 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
     """Cold plan time against PyTorch's partition time on the same joint graph, each the median
     of ``repeats`` runs (a 2-core machine's single runs move by up to 2x).
 
-    Ours: :func:`planner.compiler.solve_graph` (estimate, build the problem, resolve the budget,
+    Ours: :func:`planner.solve.solve_graph` (estimate, build the problem, resolve the budget,
     solve) and :func:`planner.emit.emit` (the forward and backward modules), as a new process
     with an empty cache directory plans it (the process-wide caches emptied before each run).
     PyTorch's: ``min_cut_rematerialization_partition`` at ``activation_memory_budget`` = the
@@ -125,7 +125,7 @@ def cold(layers: list[int], budgets: list[float], solvers: list[str], time_limit
     import statistics
     import tempfile
 
-    from planner.compiler import solve_graph
+    from planner.solve import solve_graph
     from planner.config import PlannerConfig
     from planner.emit import emit
     from planner.graph import JointGraph

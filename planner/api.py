@@ -9,7 +9,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from planner.compiler import TIME_LIMIT, GraphPlan, PlannerBackend, frugal_floor, replay_graph, solve_graph
+from planner.compiler import PlannerBackend
+from planner.solve import TIME_LIMIT, GraphPlan, frugal_floor, replay_graph, solve_graph
 from planner.torch_split import FAST_END_CHOICE, PYTORCH_PEAK, SPLIT_PEAK_MARGIN
 from planner.bounds import fast_end_plan
 from planner.budget import Budget

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 import torch.nn as nn
 
-from planner.compiler import solve_graph
+from planner.solve import solve_graph
 from planner.config import PlannerConfig
 from planner.tracing import as_inputs, capture
 

@@ -11,7 +11,7 @@ import torch
 
 from planner.api import Plan
 from planner.check import train_step
-from planner.compiler import solve_graph
+from planner.solve import solve_graph
 from planner.config import PlannerConfig
 from planner.models import GPTConfig, gpt_example
 from planner.tracing import capture

@@ -14,7 +14,7 @@ from planner.problem import Problem, evaluate_names
 from solvers.base import relative_gap
 
 if TYPE_CHECKING:
-    from planner.compiler import GraphPlan
+    from planner.solve import GraphPlan
 
 __all__ = ["POLISH_CHECKS", "POLISH_PEAK_SLACK", "least_peak_polish", "restore_polish_drops"]
 

@@ -50,7 +50,7 @@ class Solver(ABC):
 
     name: ClassVar[str]
     # Whether the solver bounds its plans' peak exactly (memory rows), so that it can use the
-    # exact least-peak plan: budget 0 with it runs the exact search (planner.compiler.solve_graph).
+    # exact least-peak plan: budget 0 with it runs the exact search (planner.solve.solve_graph).
     exact: ClassVar[bool] = False
 
     def __init__(self, time_limit: float = 60.0) -> None:

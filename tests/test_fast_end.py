@@ -63,9 +63,9 @@ def test_budget_one_holds_no_more_than_pytorchs_own_split(monkeypatch, tmp_path)
     fast_end="model" it is the planner's fast end alone."""
     import numpy as np
 
-    import planner.compiler as compiler
+    import planner.solve as solve
     from planner import torch_split
-    from planner.compiler import solve_graph
+    from planner.solve import solve_graph
     from planner.torch_split import FAST_END_CHOICE, PYTORCH_PEAK, PYTORCH_SIMULATED_PEAK, pytorch_split_plan
     from planner.decisions import forget_decisions
     from planner.config import PlannerConfig
@@ -90,7 +90,7 @@ def test_budget_one_holds_no_more_than_pytorchs_own_split(monkeypatch, tmp_path)
         assert frugal.peak_bytes < fast_end
         forget_decisions()  # solved again, not the decision above read back
         monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path / make.__name__))
-        monkeypatch.setattr(compiler, "pytorch_split", _frugal_split)
+        monkeypatch.setattr(solve, "pytorch_split", _frugal_split)
         stubbed = solve_graph(joint, PlannerConfig(memory_budget=1.0, fast_end="pytorch", time_limit=5))
         own = solve_graph(joint, PlannerConfig(memory_budget=1.0, fast_end="model", time_limit=5))
         monkeypatch.undo()
@@ -105,7 +105,7 @@ def test_a_split_named_by_its_views_saves_their_bases():
     """PyTorch's split names views among its saved values (the GPT's transposed weights'
     products, reshaped); each stands for the storage it reads."""
     from planner import _torch_compat
-    from planner.compiler import solve_graph
+    from planner.solve import solve_graph
     from planner.config import PlannerConfig
     from planner.tracing import as_inputs, capture
     from tests import models
@@ -127,7 +127,7 @@ def test_a_split_named_by_its_views_saves_their_bases():
 
 def test_pytorchs_split_runs_once_per_graph(monkeypatch, tmp_path):
     """Budgets swept on one graph (a notebook) split it with PyTorch's partitioner once."""
-    from planner import _torch_compat, compiler, torch_split
+    from planner import _torch_compat, solve, torch_split
     from planner.config import PlannerConfig
     from planner.decisions import forget_decisions
     from planner.tracing import as_inputs, capture
@@ -141,7 +141,7 @@ def test_pytorchs_split_runs_once_per_graph(monkeypatch, tmp_path):
     forget_decisions()  # each budget solved afresh, not reused from an earlier test
     model, inputs = models.cnn()
     joint = capture(model, as_inputs(inputs), codegen="inductor")
-    peaks = {compiler.solve_graph(joint, PlannerConfig(memory_budget=b, time_limit=5)).decision.stats[torch_split.PYTORCH_PEAK]
+    peaks = {solve.solve_graph(joint, PlannerConfig(memory_budget=b, time_limit=5)).decision.stats[torch_split.PYTORCH_PEAK]
              for b in (1.0, 0.5, 0.2)}
     assert len(calls) == 1 and len(peaks) == 1
 
@@ -149,7 +149,7 @@ def test_pytorchs_split_runs_once_per_graph(monkeypatch, tmp_path):
 def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monkeypatch, tmp_path):
     import pytest
 
-    from planner import _torch_compat, compiler, torch_split
+    from planner import _torch_compat, solve, torch_split
     from planner.decisions import forget_decisions
     from planner.config import PlannerConfig
     from planner.tracing import as_inputs, capture
@@ -165,7 +165,7 @@ def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monk
     model, inputs = models.cnn()
     joint = capture(model, as_inputs(inputs), codegen="inductor")
     with pytest.warns(UserWarning, match="PyTorch's own split of this graph failed .*no split here"):
-        plan = compiler.solve_graph(joint, PlannerConfig(memory_budget=1.0, time_limit=5))
+        plan = solve.solve_graph(joint, PlannerConfig(memory_budget=1.0, time_limit=5))
     assert "no split here" in plan.decision.stats["pytorch_split"]
     assert torch_split.PYTORCH_PEAK not in plan.decision.stats
     assert plan.decision.budget_bytes == bounds.fast_end_plan(plan.problem).peak_bytes
@@ -174,7 +174,7 @@ def test_a_split_that_fails_is_said_and_budget_one_is_the_planners_fast_end(monk
 
 def test_the_plan_summary_says_what_budget_one_is(monkeypatch, tmp_path):
     import planner
-    import planner.compiler as compiler
+    import planner.solve as solve
     from planner.decisions import forget_decisions
     from tests import models
 
@@ -191,7 +191,7 @@ def test_the_plan_summary_says_what_budget_one_is(monkeypatch, tmp_path):
     # a split below the fast end (stubbed as the frugal reference) is what 1.0 means
     forget_decisions()
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compiler, "pytorch_split", _frugal_split)
+    monkeypatch.setattr(solve, "pytorch_split", _frugal_split)
     assert "(1.0: PyTorch's own split, below the planner's fast end)" in summary(models.cnn, memory_budget=0.5)
     forget_decisions()
 
@@ -261,7 +261,7 @@ def test_the_auto_time_limit_is_a_multiple_of_pytorchs_partition_where_that_was_
     """A fraction budget times PyTorch's split of the graph; the auto limit is then no more than
     AUTO_PARTITION_MULTIPLE times that, and the decision says which rule set it."""
     import planner.config as config_module
-    from planner import compiler, torch_split
+    from planner import solve, torch_split
     from planner.config import AUTO_PARTITION_MULTIPLE, PlannerConfig
     from planner.decisions import forget_decisions
     from planner.tracing import as_inputs, capture
@@ -274,13 +274,13 @@ def test_the_auto_time_limit_is_a_multiple_of_pytorchs_partition_where_that_was_
     joint = capture(model, as_inputs(inputs), codegen="inductor")
     # a per-node rule far above any partition time, and no floor: the partition's multiple decides
     monkeypatch.setattr(config_module, "AUTO_TIME_LIMIT", (10.0, 1e-3, 1e4))
-    stats = compiler.solve_graph(joint, PlannerConfig(memory_budget=0.5, solver="greedy")).decision.stats
+    stats = solve.solve_graph(joint, PlannerConfig(memory_budget=0.5, solver="greedy")).decision.stats
     partition = stats[torch_split.PYTORCH_SPLIT_SECONDS]
     assert 0 < partition and stats["time_limit"]["seconds"] == pytest.approx(AUTO_PARTITION_MULTIPLE * partition)
     assert "PyTorch's partition of the graph" in stats["time_limit"]["rule"]
     # an absolute budget makes no split: the per-node rule
     forget_decisions()
-    plan = compiler.solve_graph(joint, PlannerConfig(memory_budget=10**9, solver="greedy"))
+    plan = solve.solve_graph(joint, PlannerConfig(memory_budget=10**9, solver="greedy"))
     assert torch_split.PYTORCH_SPLIT_SECONDS not in plan.decision.stats
     assert plan.decision.stats["time_limit"]["seconds"] == pytest.approx(10.0 * len(plan.problem))
     assert "ms per node" in plan.decision.stats["time_limit"]["rule"]
@@ -293,13 +293,13 @@ def test_the_predicted_frugal_end_reuses_the_least_peak_search_of_the_solve(monk
     run again under the per-node limit."""
     import planner
     import planner.config as config_module
-    from planner import compiler, torch_split
+    from planner import solve, torch_split
     from planner.decisions import forget_decisions
     from tests import models
 
     limits = []
-    search = compiler.min_peak_plan
-    monkeypatch.setattr(compiler, "min_peak_plan", lambda problem, time_limit: limits.append(time_limit) or search(problem, time_limit))
+    search = solve.min_peak_plan
+    monkeypatch.setattr(solve, "min_peak_plan", lambda problem, time_limit: limits.append(time_limit) or search(problem, time_limit))
     monkeypatch.setattr(config_module, "AUTO_TIME_LIMIT", (10.0, 1e-3, 1e4))  # the partition's multiple decides
     monkeypatch.setattr(torch_split, "_PYTORCH_SPLITS", {})
     monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
@@ -322,7 +322,7 @@ def test_budget_zero_keeps_only_the_polish_saves_that_leave_the_predicted_peak_w
     import numpy as np
     from dataclasses import replace
     from itertools import islice
-    from planner.compiler import solve_graph
+    from planner.solve import solve_graph
     from planner.peak_polish import POLISH_PEAK_SLACK, least_peak_polish
     from planner.predict import simulated_peak
     from planner.config import PlannerConfig

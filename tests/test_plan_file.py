@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import planner
-import planner.compiler
+import planner.solve
 from planner.errors import PlanFileError
 from planner.plan_file import VERSION
 from tests.models import MODELS
@@ -23,7 +23,7 @@ def test_plan_file_is_written_then_reused_without_solving(tmp_path, monkeypatch)
     def no_solving(*args, **kwargs):
         raise AssertionError("a matching plan file must not be solved again")
 
-    monkeypatch.setattr(planner.compiler, "get_solver", no_solving)
+    monkeypatch.setattr(planner.solve, "get_solver", no_solving)
     torch._dynamo.reset()
 
     def run_planned(twin, inputs):

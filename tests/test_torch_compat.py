@@ -586,11 +586,11 @@ def own_decisions(monkeypatch, tmp_path):
 def _dropping_polish(monkeypatch):
     """Budget 0's polish, made to drop one more save (the last the solver kept), as it drops one
     alive at the simulated peak; the name dropped is returned in a list once it has run."""
-    import planner.compiler as compiler
+    import planner.solve as solve
     from planner.decision import with_plan
     from planner.problem import evaluate_names
 
-    real, dropped = compiler.least_peak_polish, []
+    real, dropped = solve.least_peak_polish, []
 
     def polish(joint, problem, decision, fuse=True, checks=None):
         out = real(joint, problem, decision, fuse, checks)
@@ -601,7 +601,7 @@ def _dropping_polish(monkeypatch):
         dropped.append(victim)
         return with_plan(problem, out, plan, stats={**out.stats, "polish": report})
 
-    monkeypatch.setattr(compiler, "least_peak_polish", polish)
+    monkeypatch.setattr(solve, "least_peak_polish", polish)
     return dropped
 
 
