@@ -112,4 +112,3 @@ def with_plan(problem: Problem, decision: Decision, plan: Evaluation, **changes:
     return replace(decision, saved=tuple(problem.names[i] for i in np.flatnonzero(plan.saved)),
                    memory_bytes=plan.memory_bytes, peak_bytes=plan.peak_bytes,
                    recompute_seconds=plan.recompute_seconds, save_seconds=plan.save_seconds, **changes)
-

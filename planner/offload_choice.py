@@ -123,4 +123,3 @@ def exact_offload(joint: JointGraph, problem: Problem, config: PlannerConfig, so
                    memory_bytes=plan.memory_bytes, recompute_seconds=plan.recompute_seconds,
                    save_seconds=plan.save_seconds, status=found.status, gap=found.gap,
                    stats={**decision.stats, "offload": note})
-

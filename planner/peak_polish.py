@@ -134,7 +134,6 @@ def _cheapest_losses(problem: Problem, base: tuple[str, ...], saves: list[str], 
     return chosen
 
 
-
 def restore_polish_drops(joint: JointGraph, plan: GraphPlan, compiled_peak: int, among: Collection[str],
                          fuse: bool = True) -> tuple[GraphPlan | None, dict[str, Any]]:
     """``plan`` with the saves budget 0's polish dropped (:func:`least_peak_polish`, those of
@@ -175,4 +174,3 @@ def restore_polish_drops(joint: JointGraph, plan: GraphPlan, compiled_peak: int,
 POLISH_CHECKS = 12
 # ... and the share by which the kept saves may raise the simulated peak of the solver's answer
 POLISH_PEAK_SLACK = 0.002
-

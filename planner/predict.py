@@ -26,4 +26,3 @@ def simulated_timeline(joint: JointGraph, problem: Problem, saved: tuple[str, ..
     with _torch_compat.lazy_graph_modules():  # walked, never run
         forward, backward = emit(joint.copy(), problem, saved, fuse=fuse)
         return simulate(forward, backward, joint.num_fwd_outputs, fuse=fuse, released=released)
-

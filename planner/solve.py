@@ -44,7 +44,6 @@ class GraphPlan:
     estimator: str  # the estimator that priced the graph, as reports name it
 
 
-
 def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, repeats: int = 1,
                 rest_bytes: int | None = None, beside_backward: int = 0) -> GraphPlan:
     """Estimate, build the problem, resolve the budget and solve, for one joint graph.
@@ -192,5 +191,3 @@ def _plan_graph(joint: JointGraph, config: PlannerConfig, decide: Callable[[Prob
     decision = decide(problem, estimator)
     return GraphPlan(joint.fingerprint, problem, decision, estimate_step_seconds(joint, estimator),
                      time.perf_counter() - start, str(estimator))
-
-

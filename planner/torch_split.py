@@ -119,7 +119,6 @@ def prefer_pytorch_split(problem: Problem, decision: Decision, split: Evaluation
                                                                               "figures": figures}}})
 
 
-
 def compiles_as_pytorch(decision: Decision) -> bool:
     """Whether a graph planned with ``decision`` is split by PyTorch's own partitioner and
     compiled as torch.compile compiles it (inductor's own settings; :func:`planner._torch_compat.
@@ -155,7 +154,6 @@ def pytorch_modules(joint: JointGraph, problem: Problem,
                       stacklevel=2)
         return None
     return forward, backward
-
 
 
 def pytorch_split(joint: JointGraph, problem: Problem, fuse: bool = True) -> tuple[Evaluation | None, dict[str, Any]]:
@@ -219,4 +217,3 @@ def _split_of(joint: JointGraph, problem: Problem,
     if fuse:
         store_narrow_casts(forward, backward, convolutions_laid_out([*joint.primals, *joint.forward_nodes]))
     return forward, backward, saved
-
