@@ -88,7 +88,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     import torch
 
     import planner
-    from planner.check import check_model
+    from planner.check import allowance_note, check_model
 
     config = _config(args).replace(codegen=args.codegen)
     dtype = None if args.dtype is None else getattr(torch, args.dtype)
@@ -103,6 +103,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"| {row['run']} | {row['relative']:.1e} | {row['where']} | {verdict} |")
     failed = [row["run"] for row in rows if row["passed"] is False]
     print(f"\n{'every planned step trains like eager' if not failed else 'DIFFERS from eager: ' + ', '.join(failed)}")
+    note = allowance_note(rows)
+    if note is not None:
+        print(note)
     return 1 if failed else 0
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from planner import cli
-from planner.check import FLOOR, SLACK, Step, check_model, compare_steps, train_step
+from planner.check import FLOOR, SLACK, WIDE, Step, allowance_note, check_model, compare_steps, train_step
 from tests.models import MODELS
 
 
@@ -93,6 +93,17 @@ def test_the_allowance_follows_torch_compiles_own_difference():
     assert reference["run"] == "torch.compile" and reference["passed"] is None
     assert planned["allowed"] == pytest.approx(SLACK * reference["relative"])
     assert planned["passed"] is (planned["relative"] <= planned["allowed"])
+
+
+def test_a_wide_allowance_is_said_with_what_it_lets_pass():
+    rows = [{"run": "torch.compile", "relative": 0.3, "where": "gradient l1.bias", "passed": None},
+            {"run": "planner, budget 0.0", "relative": 0.3, "where": "gradient l1.bias", "passed": True,
+             "allowed": SLACK * 0.3}]
+    note = allowance_note(rows)
+    assert note is not None and "3.0e-01 (gradient l1.bias)" in note and "wrong the way torch.compile's is" in note
+    narrow = [dict(rows[0], relative=WIDE / SLACK / 2), dict(rows[1], allowed=WIDE / 2)]
+    assert allowance_note(narrow) is None
+    assert allowance_note(rows[1:]) is None  # no torch.compile run: the tolerance alone
 
 
 def test_compare_steps_names_the_worst_tensor_and_a_missing_gradient():
