@@ -138,7 +138,11 @@ def kernel_times(events, steps: int = 1) -> dict[str, list[float]]:
 
 def kernel_name(name: str) -> str:
     """A kernel's name without launch arguments or a trailing number (inductor numbers its
-    kernels in the order it generates them, which differs between two compiles of alike code)."""
+    kernels in the order it generates them, which differs between two compiles of alike code).
+    ATen's kernels in an anonymous namespace keep their names (``at::native::(anonymous
+    namespace)::conv_depthwise2d_backward_kernel<...>``: the launch arguments are the first
+    parenthesis after the namespace's)."""
+    name = name.replace("(anonymous namespace)::", "")
     return re.sub(r"_\d+$", "", name.split("(")[0])[:120]
 
 

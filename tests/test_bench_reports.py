@@ -157,6 +157,8 @@ def test_zoo_target_a_names_the_kernels_behind_a_busier_gpu():
     copy = "void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda>(int, Functor)"
     assert kernel_name(copy) == "void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda>"
     assert kernel_name("triton_red_fused_native_batch_norm_backward_12") == "triton_red_fused_native_batch_norm_backward"
+    depthwise = "void at::native::(anonymous namespace)::conv_depthwise2d_grad_weight_kernel<c10::BFloat16, float>(int)"
+    assert kernel_name(depthwise) == "void at::native::conv_depthwise2d_grad_weight_kernel<c10::BFloat16, float>"
     mine = {"copy": [1.321, 24], "triton_red_bn": [1.06, 3], "triton_poi_add": [0.389, 4], "gemm": [6.5, 125]}
     theirs = {"copy": [0.141, 18], "triton_poi_add": [0.742, 7], "gemm": [6.5, 125]}
     rows = [{"model": "m", "method": "torch.compile", "budget": 1.0, "peak_activation_bytes": 100, "step_ms": 25.4,
