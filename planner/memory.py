@@ -1261,6 +1261,27 @@ def copied_views(forward: fx.GraphModule, num_fwd_outputs: int) -> frozenset[str
         return frozenset(out.name for out in saved if _copied_output(out))
 
 
+def backward_propagated(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs: int,
+                        nodes: Collection[fx.Node]) -> dict[fx.Node, torch.Tensor | None]:
+    """The values of ``nodes`` (of ``backward``) as inductor's fake-tensor propagation gives them
+    (:func:`_propagated`) where the forward is laid out channels-last: the forward's saved values
+    stored as inductor stores them (:func:`_stored_output`), each op by its own stride rules."""
+    from planner._torch_compat import inductor_prefers_channels_last
+
+    fwd_out = _outputs(forward)[num_fwd_outputs:]
+    outer = getattr(_seen, "maps", None)
+    _seen.maps = _empty_maps()  # fresh tables: the caller changes the graphs after
+    try:
+        with _laid_out_channels_last(True, preferred=inductor_prefers_channels_last(forward.graph)):
+            stored = {out: _stored_output(out) for out in fwd_out if isinstance(out.meta.get("val"), torch.Tensor)}
+        inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
+        strides = {p.name: stored[out] for p, out in zip(inputs, fwd_out) if out in stored}
+        with _laid_out_channels_last(True, strides):
+            return {node: _propagated(node) for node in nodes}
+    finally:
+        _seen.maps = outer
+
+
 def _unviewable(node: fx.Node) -> bool:
     """View ``node`` is one its base's layout does not allow, where that layout is known."""
     return laid_out(node) is None and laid_out(aliased_input(node)) is not None

@@ -165,3 +165,72 @@ def test_recomputed_group_norm_reshapes_read_their_input_as_traced():
     assert_same_step(make, run_planned, atol=1e-9)
     (graph,) = compiled[0].planner_backend.graphs
     assert graph.decision.recompute_seconds > 0
+
+
+class _NormedConvBlocks(torch.nn.Module):
+    """ConvFormer-like blocks: a layer norm over the channels (computed in the (N, H, W, C) shape
+    through permutes), a 1x1 convolution, a squared ReLU, a depthwise convolution, a 1x1
+    convolution, and the residual sum."""
+
+    def __init__(self, chans: int = 8, blocks: int = 3) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, chans, 3, padding=1)
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(chans, bias=False) for _ in range(blocks))
+        self.widen = torch.nn.ModuleList(torch.nn.Conv2d(chans, 2 * chans, 1, bias=False) for _ in range(blocks))
+        self.depthwise = torch.nn.ModuleList(torch.nn.Conv2d(2 * chans, 2 * chans, 7, padding=3, groups=2 * chans, bias=False)
+                                             for _ in range(blocks))
+        self.narrow = torch.nn.ModuleList(torch.nn.Conv2d(2 * chans, chans, 1, bias=False) for _ in range(blocks))
+        self.head = torch.nn.Linear(chans, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for norm, widen, depthwise, narrow in zip(self.norms, self.widen, self.depthwise, self.narrow):
+            h = norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            x = x + narrow(depthwise(torch.relu(widen(h)) ** 2))
+        return torch.nn.functional.cross_entropy(self.head(x.mean((2, 3))), y)
+
+
+def test_a_convolution_the_backward_recomputes_propagates_channels_last():
+    # The plan saves each layer norm's normalised value, in the (N, H, W, C) shape, which inductor
+    # stores channels-last by that shape; the backward recomputes the norm's scaling and, through
+    # the permute, the 1x1 convolution from it, in strides neither contiguous nor channels-last.
+    # The convolution's output propagated contiguous to the depthwise convolution's backward (on
+    # a GPU, torch 2.11: ATen's slow kernels for contiguous inputs in place of cuDNN's)
+    from dataclasses import replace
+
+    import torch._inductor.config as inductor_config
+    from planner.api import Plan
+
+    def make():
+        torch.manual_seed(0)
+        return _NormedConvBlocks(), (torch.randn(2, 3, 16, 16), torch.tensor([1, 3]))
+
+    network, inputs = make()
+    result = planner.plan(network, inputs, memory_budget=0.0, config=planner.PlannerConfig(time_limit=5))
+    problem = result.graph_plan.problem
+    # the norms' scalings (a mul by a 1-D weight, of the normalised value, also a mul) not saved, their inputs saved
+    scalings = {name for name in result.decision.saved if name.startswith("mul")}
+    normalised = {f"mul_{int(name.split('_')[1]) - 1}" if name != "mul_1" else "mul" for name in scalings}
+    assert scalings and normalised <= set(problem.names)
+    saved = tuple(sorted(set(result.decision.saved) - scalings | normalised))
+    tampered = replace(result.graph_plan, decision=replace(result.decision, saved=saved))
+
+    backwards = []
+
+    def capture(graph: torch.fx.Graph) -> None:
+        if graph.find_nodes(op="call_function", target=torch.ops.aten.convolution_backward.default):
+            backwards.append(graph)
+
+    eager, inputs = make()
+    eager(*inputs).backward()
+    network, inputs = make()
+    with inductor_config.patch(post_grad_custom_post_pass=capture, fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        Plan(network, tampered, result.config).module(*inputs).backward()
+    for (name, theirs), mine in zip(eager.named_parameters(), network.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5, msg=name)
+    recomputed = [node for graph in backwards
+                  for node in graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default)]
+    assert recomputed, "the plan recomputes no convolution: the test no longer tests anything"
+    for node in recomputed:
+        assert node.meta["val"].is_contiguous(memory_format=torch.channels_last), node.format_node()
