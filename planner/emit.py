@@ -88,7 +88,7 @@ def recomputed_convolutions_read_channels_last(forward: fx.GraphModule, backward
             laid = torch.ops.aten.clone.default(traced, memory_format=torch.channels_last)
         with graph.inserting_before(node):
             copy = graph.call_function(torch.ops.aten.clone.default, (source,), {"memory_format": torch.channels_last})
-        copy.meta = {"val": laid, **{key: node.meta[key] for key in ("partitioner_tag", "recomputed") if key in node.meta}}
+        copy.meta = {"val": laid, **_phase_tags(node)}
         node.args = (copy, *node.args[1:])
         copied.append(source)
     if copied:
@@ -99,6 +99,12 @@ def recomputed_convolutions_read_channels_last(forward: fx.GraphModule, backward
 
 def _four_d(val: object) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() == 4
+
+
+def _phase_tags(node: fx.Node) -> dict:
+    """``node``'s tags of the phase it runs in (the backward's, and recomputed), for a node
+    inserted beside it."""
+    return {key: node.meta[key] for key in ("partitioner_tag", "recomputed") if key in node.meta}
 
 
 def as_strided_reads_as_traced(module: fx.GraphModule) -> list[fx.Node]:
@@ -118,7 +124,7 @@ def as_strided_reads_as_traced(module: fx.GraphModule) -> list[fx.Node]:
         source = node.args[0]
         if not isinstance(source, fx.Node) or not replays_as_traced(source.meta.get("val")):
             continue
-        meta = {key: node.meta[key] for key in ("partitioner_tag", "recomputed") if key in node.meta}
+        meta = _phase_tags(node)
         with graph.inserting_before(node):
             node.args = (_as_traced(graph, source, meta), *node.args[1:])
         laid_out.append(source)

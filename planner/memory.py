@@ -1268,18 +1268,29 @@ def backward_propagated(forward: fx.GraphModule, backward: fx.GraphModule, num_f
     stored as inductor stores them (:func:`_stored_output`), each op by its own stride rules."""
     from planner._torch_compat import inductor_prefers_channels_last
 
-    fwd_out = _outputs(forward)[num_fwd_outputs:]
     outer = getattr(_seen, "maps", None)
     _seen.maps = _empty_maps()  # fresh tables: the caller changes the graphs after
     try:
-        with _laid_out_channels_last(True, preferred=inductor_prefers_channels_last(forward.graph)):
-            stored = {out: _stored_output(out) for out in fwd_out if isinstance(out.meta.get("val"), torch.Tensor)}
-        inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
-        strides = {p.name: stored[out] for p, out in zip(inputs, fwd_out) if out in stored}
+        strides = _carried_strides(_outputs(forward)[num_fwd_outputs:], backward,
+                                   inductor_prefers_channels_last(forward.graph))
         with _laid_out_channels_last(True, strides):
             return {node: _propagated(node) for node in nodes}
     finally:
         _seen.maps = outer
+
+
+def _saved_inputs(backward: fx.GraphModule) -> list[fx.Node]:
+    """``backward``'s inputs that the forward's saved values feed, in order (not the tangents)."""
+    return [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
+
+
+def _carried_strides(saved: list, backward: fx.GraphModule, preferred: Collection[fx.Node] | None) -> dict[str, tuple]:
+    """By name, each input of ``backward`` fed by a tensor among the forward's ``saved`` values,
+    with the strides the forward stores that value in (:func:`_stored_output`: under the layout
+    optimisation where ``preferred`` is given, else as traced)."""
+    with _laid_out_channels_last(preferred is not None, preferred=preferred):
+        stored = {out: _stored_output(out) for out in saved if isinstance(out.meta.get("val"), torch.Tensor)}
+    return {p.name: stored[out] for p, out in zip(_saved_inputs(backward), saved) if out in stored}
 
 
 def _unviewable(node: fx.Node) -> bool:
@@ -1802,8 +1813,6 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
     preferred = inductor_prefers_channels_last(forward.graph) if channels_last else frozenset()
     with _laid_out_channels_last(channels_last, preferred=preferred):
         walk.run(forward, "forward", keep=fwd_out)
-        stored = {out: _stored_output(out) for out in fwd_out[num_fwd_outputs:]
-                  if isinstance(out.meta.get("val"), torch.Tensor)}
     forward_end = walk.total
     to_caller = _outputs(forward, raw=True)[:num_fwd_outputs]  # by place, as the caller gets them
     kept = [out for k, out in enumerate(to_caller) if k not in released and isinstance(out, fx.Node)]
@@ -1816,9 +1825,8 @@ def _simulate(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs
     # backward's compile takes them out of the donated buffers (_torch_compat.undonate_aliased_inputs)
     shared = Counter(key for keys in saved_keys for key in set(keys))
     walk.undonated |= {key for key, count in shared.items() if count > 1}
-    inputs = [p for p in backward.graph.find_nodes(op="placeholder") if not str(p.target).startswith("tangents")]
-    carried = dict(zip(inputs, saved_keys))
-    carried_strides = {p.name: stored[out] for p, out in zip(inputs, fwd_out[num_fwd_outputs:]) if out in stored}
+    carried = dict(zip(_saved_inputs(backward), saved_keys))
+    carried_strides = _carried_strides(fwd_out[num_fwd_outputs:], backward, preferred if channels_last else None)
     with _laid_out_channels_last(channels_last, carried_strides):
         walk.run(backward, "backward", keep=_outputs(backward), carried=carried, held=held)
     peak_live = walk.peak_live

@@ -210,7 +210,12 @@ def test_a_convolution_the_backward_recomputes_propagates_channels_last():
     problem = result.graph_plan.problem
     # the norms' scalings (a mul by a 1-D weight, of the normalised value, also a mul) not saved, their inputs saved
     scalings = {name for name in result.decision.saved if name.startswith("mul")}
-    normalised = {f"mul_{int(name.split('_')[1]) - 1}" if name != "mul_1" else "mul" for name in scalings}
+
+    def made_before(name: str) -> str:  # mul_3's input mul_2, mul_1's mul
+        k = int(name.split("_")[1]) - 1
+        return f"mul_{k}" if k else "mul"
+
+    normalised = {made_before(name) for name in scalings}
     assert scalings and normalised <= set(problem.names)
     saved = tuple(sorted(set(result.decision.saved) - scalings | normalised))
     tampered = replace(result.graph_plan, decision=replace(result.decision, saved=saved))
