@@ -11,6 +11,7 @@ waits for that copy just before the reader.
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 from dataclasses import dataclass
 
@@ -51,8 +52,56 @@ def emit(joint: JointGraph, problem: Problem, saved: tuple[str, ...],
         if whole is not None:
             recomputed_convolutions_read_channels_last(forward, backward, joint.num_fwd_outputs)
         for module in (forward, backward):
+            whole_scatters_as_copies(module)
             as_strided_reads_as_traced(module)
     return forward, backward
+
+
+def whole_scatters_as_copies(module: fx.GraphModule) -> list[fx.Node]:
+    """Write every ``as_strided_scatter`` of ``module`` that overwrites all of its base as a copy
+    of its source in the view's layout (a permute, a contiguous clone, a view to the base's
+    shape); the scatters so replaced.
+
+    Autograd writes the gradient of an ``as_strided`` so: zeros the size of the storage, the
+    gradient scattered into them. Where the view covers the whole storage (a contiguous base, no
+    offset, a view as large as the base with no gap and no overlap), no zero is left and the
+    scatter is a copy. Inductor lowers the scatter as a fill of its base, then a write of the
+    source through the view; torch 2.11 on the CPU fused that write into the loop computing the
+    source, ahead of the fill, and the zeros overwrote it: timm's ConvNeXt (its head pools to
+    1x1 and flattens) trained with its every gradient below the last block's scale zero at
+    budget 1.0 with the fast end left to the model. The copy has no fill to order."""
+    graph, replaced = module.graph, []
+    for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.as_strided_scatter.default)):
+        base, source, size, stride, *rest = (*node.args, *node.kwargs.values())
+        offset = rest[0] if rest else 0
+        base_val, source_val = base.meta.get("val"), source.meta.get("val") if isinstance(source, fx.Node) else None
+        if not (isinstance(base_val, torch.Tensor) and isinstance(source_val, torch.Tensor)) or offset:
+            continue
+        if not base_val.is_contiguous() or math.prod(size) != base_val.numel() \
+                or not dense_layout(torch.empty_strided(size, stride, device="meta")):
+            continue
+        order = sorted(range(len(size)), key=lambda dim: -stride[dim])
+        with getattr(source_val, "fake_mode", None) or contextlib.nullcontext():
+            permuted = torch.ops.aten.permute.default(source_val, order)
+            copied = torch.ops.aten.clone.default(permuted, memory_format=torch.contiguous_format)
+            viewed = torch.ops.aten.view.default(copied, list(base_val.shape))
+        tags = _phase_tags(node)
+        with graph.inserting_before(node):
+            steps = [graph.call_function(torch.ops.aten.permute.default, (source, order))]
+            steps.append(graph.call_function(torch.ops.aten.clone.default, (steps[-1],),
+                                             {"memory_format": torch.contiguous_format}))
+            steps.append(graph.call_function(torch.ops.aten.view.default, (steps[-1], list(base_val.shape))))
+        for step, val in zip(steps, (permuted, copied, viewed)):
+            step.meta = {"val": val, **tags}
+        node.replace_all_uses_with(steps[-1])
+        graph.erase_node(node)
+        if not base.users and base.op == "call_function" and not getattr(base.target, "_schema", None).is_mutable:
+            graph.erase_node(base)  # the zeros the scatter filled
+        replaced.append(node)
+    if replaced:
+        graph.lint()
+        module.recompile()
+    return replaced
 
 
 def recomputed_convolutions_read_channels_last(forward: fx.GraphModule, backward: fx.GraphModule,

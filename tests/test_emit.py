@@ -345,3 +345,29 @@ def test_a_recomputed_dropout_mask_is_stored_not_its_random_tensor_and_trains_as
     torch.testing.assert_close(actual[0], expected[0], atol=1e-5, rtol=0)
     for name, grad in expected[1].items():
         torch.testing.assert_close(actual[1][name], grad, atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("size, stride, offset, replaced", [
+    ([2, 16], [16, 1], 0, True),       # row-major over all 32
+    ([2, 16], [1, 2], 0, True),        # column-major over all 32
+    ([2, 1, 16], [1, 7, 2], 0, True),  # a size-1 dimension's stride is any
+    ([2, 8], [16, 1], 0, False),       # half of them: the zeros stay
+    ([2, 15], [16, 1], 1, False),      # an offset
+    ([4, 8], [4, 1], 0, False),        # as many, but rows overlap
+])
+def test_a_scatter_over_its_whole_base_is_emitted_as_a_copy(size, stride, offset, replaced):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from planner.emit import whole_scatters_as_copies
+
+    def scatter(base, source):
+        return torch.ops.aten.as_strided_scatter.default(base, source, size, stride, offset)
+
+    base, source = torch.arange(32.0) + 100, torch.randn(size)
+    module = make_fx(scatter, tracing_mode="fake")(base, source)
+    assert len(whole_scatters_as_copies(module)) == int(replaced)
+    left = module.graph.find_nodes(op="call_function", target=torch.ops.aten.as_strided_scatter.default)
+    assert len(left) == int(not replaced)
+    torch.testing.assert_close(module(base, source), scatter(base, source), rtol=0, atol=0)
+    out = next(iter(module.graph.find_nodes(op="output"))).args[0]
+    assert out.meta["val"].shape == base.shape and out.meta["val"].stride() == base.stride()

@@ -239,3 +239,40 @@ def test_a_convolution_the_backward_recomputes_propagates_channels_last():
     assert recomputed, "the plan recomputes no convolution: the test no longer tests anything"
     for node in recomputed:
         assert node.meta["val"].is_contiguous(memory_format=torch.channels_last), node.format_node()
+
+
+class _PooledHead(torch.nn.Module):
+    """A ConvNeXt-like block and head: a depthwise convolution, a layer norm and MLP over the
+    channels through permutes, a layer scale, and the head's adaptive pooling to 1x1, a layer
+    norm over the channels and a flatten. AOTAutograd restrides the pooled value with an
+    ``as_strided``, whose gradient is a scatter into zeros that covers them all."""
+
+    def __init__(self, chans: int = 16) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, chans, 4, 4)
+        self.depthwise = torch.nn.Conv2d(chans, chans, 7, padding=3, groups=chans)
+        self.norm, self.head_norm = torch.nn.LayerNorm(chans), torch.nn.LayerNorm(chans)
+        self.widen, self.narrow = torch.nn.Linear(chans, 4 * chans), torch.nn.Linear(4 * chans, chans)
+        self.scale = torch.nn.Parameter(torch.full((chans,), 0.5))
+        self.head = torch.nn.Linear(chans, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        h = self.narrow(torch.nn.functional.gelu(self.widen(self.norm(self.depthwise(x).permute(0, 2, 3, 1)))))
+        x = h.permute(0, 3, 1, 2) * self.scale.reshape(1, -1, 1, 1) + x
+        pooled = torch.nn.functional.adaptive_avg_pool2d(x, 1)
+        pooled = self.head_norm(pooled.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return torch.nn.functional.cross_entropy(self.head(pooled.flatten(1)), y)
+
+
+@pytest.mark.parametrize("settings", [{"memory_budget": 1.0, "fast_end": "model"}, {"memory_budget": 0.0}],
+                         ids=["budget 1.0", "budget 0"])
+def test_a_pooled_head_trains_like_eager(settings):
+    # torch 2.11 (CPU) fused the write of the pooled value's gradient into the zeros it scatters
+    # into ahead of their fill: every gradient below the head was zero. The emitter writes such
+    # a scatter as a copy (planner.emit.whole_scatters_as_copies; torch 2.13 fills first)
+    def make():
+        torch.manual_seed(0)
+        return _PooledHead().double(), (torch.randn(2, 3, 4, 4, dtype=torch.float64), torch.tensor([1, 3]))
+
+    assert_same_step(make, lambda twin, inputs: planner.compile(twin, time_limit=5, **settings), atol=1e-9)
