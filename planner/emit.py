@@ -106,9 +106,10 @@ def whole_scatters_as_copies(module: fx.GraphModule) -> list[fx.Node]:
 
 def recomputed_convolutions_read_channels_last(forward: fx.GraphModule, backward: fx.GraphModule,
                                                num_fwd_outputs: int) -> list[fx.Node]:
-    """Make every 2-D convolution ``backward`` recomputes read its input channels-last, where
-    the strides inductor propagates to that input (from the saved values as the forward stored
-    them, :func:`planner.memory.backward_propagated`) are not; the inputs so copied.
+    """Make every 2-D convolution ``backward`` recomputes, and every convolution backward, read
+    its input channels-last where the strides inductor propagates to that input (from the saved
+    values as the forward stored them, :func:`planner.memory.backward_propagated`) are not; the
+    inputs so copied (one copy each, read by all of them).
 
     Inductor lays a forward with convolutions out channels-last, and lowers a convolution
     channels-last whatever its input's strides, but propagates strides through the backward
@@ -120,26 +121,48 @@ def recomputed_convolutions_read_channels_last(forward: fx.GraphModule, backward
     backward recomputes from it. On an H100, ConvFormer-S18's depthwise convolutions' backwards
     then ran ATen's own kernels for contiguous inputs in place of cuDNN's channels-last ones
     (budget 0: 56.5 ms a step against torch.compile's 26.1, 18.7 ms of it in those kernels).
-    The copy is the one inductor makes to lower the convolution; made explicit, its readers
-    propagate channels-last."""
-    convolutions = [node for node in backward.graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default)
-                    if isinstance(node.args[0], fx.Node) and _four_d(node.args[0].meta.get("val"))]
-    if not convolutions:
+    The convolution backward of a recomputed convolution reads the same input, which cuDNN then
+    copied to channels-last itself on every step (ConvFormer-S18's 1x1 convolutions at budget 0:
+    3.7 ms of ATen copies more than torch.compile's step). The copy is the one inductor makes to
+    lower the convolution; made explicit, its readers propagate channels-last."""
+    readers: dict[fx.Node, list[tuple[fx.Node, int]]] = {}
+    for target, position in ((torch.ops.aten.convolution.default, 0), (torch.ops.aten.convolution_backward.default, 1)):
+        for node in backward.graph.find_nodes(op="call_function", target=target):
+            source = node.args[position]
+            if isinstance(source, fx.Node) and _four_d(source.meta.get("val")):
+                readers.setdefault(source, []).append((node, position))
+    if not readers:
         return []
-    propagated = backward_propagated(forward, backward, num_fwd_outputs, [node.args[0] for node in convolutions])
     graph, copied = backward.graph, []
-    for node in convolutions:
-        source, val = node.args[0], propagated.get(node.args[0])
-        if not _four_d(val) or val.is_contiguous(memory_format=torch.channels_last):
-            continue
-        traced = source.meta["val"]
-        with getattr(traced, "fake_mode", None) or contextlib.nullcontext():
-            laid = torch.ops.aten.clone.default(traced, memory_format=torch.channels_last)
-        with graph.inserting_before(node):
-            copy = graph.call_function(torch.ops.aten.clone.default, (source,), {"memory_format": torch.channels_last})
-        copy.meta = {"val": laid, **_phase_tags(node)}
-        node.args = (copy, *node.args[1:])
-        copied.append(source)
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    pending = sorted(readers, key=order.__getitem__)
+    while pending:
+        # a copy lays out channels-last what the backward computes from its readers: the sources
+        # laid out otherwise that none of them is computed from are copied, then strides are
+        # propagated again for the rest
+        propagated = backward_propagated(forward, backward, num_fwd_outputs, pending)
+        wanted = {source for source in pending if _four_d(val := propagated.get(source))
+                  and not val.is_contiguous(memory_format=torch.channels_last)}
+        chosen, downstream = [], set()
+        for node in graph.nodes:
+            if any(arg in downstream for arg in node.all_input_nodes):
+                downstream.add(node)
+            elif node in wanted:
+                chosen.append(node)
+                downstream.add(node)
+        for source in chosen:
+            reading = readers[source]
+            first = min((node for node, _ in reading), key=order.__getitem__)
+            traced = source.meta["val"]
+            with getattr(traced, "fake_mode", None) or contextlib.nullcontext():
+                laid = torch.ops.aten.clone.default(traced, memory_format=torch.channels_last)
+            with graph.inserting_before(first):
+                copy = graph.call_function(torch.ops.aten.clone.default, (source,), {"memory_format": torch.channels_last})
+            copy.meta = {"val": laid, **_phase_tags(first)}
+            for node, position in reading:
+                node.update_arg(position, copy)
+            copied.append(source)
+        pending = [source for source in pending if source in wanted and source not in chosen]
     if copied:
         graph.lint()
         backward.recompile()

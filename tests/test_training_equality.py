@@ -239,6 +239,12 @@ def test_a_convolution_the_backward_recomputes_propagates_channels_last():
     assert recomputed, "the plan recomputes no convolution: the test no longer tests anything"
     for node in recomputed:
         assert node.meta["val"].is_contiguous(memory_format=torch.channels_last), node.format_node()
+    # a recomputed convolution's backward reads the same input: channels-last too, or cuDNN
+    # copies it so on every step
+    backward_convolutions = [node for graph in backwards
+                             for node in graph.find_nodes(op="call_function", target=torch.ops.aten.convolution_backward.default)]
+    for node in backward_convolutions:
+        assert node.args[1].meta["val"].is_contiguous(memory_format=torch.channels_last), node.format_node()
 
 
 class _PooledHead(torch.nn.Module):
