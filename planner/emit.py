@@ -68,14 +68,18 @@ def whole_scatters_as_copies(module: fx.GraphModule) -> list[fx.Node]:
     scatter is a copy. Inductor lowers the scatter as a fill of its base, then a write of the
     source through the view; torch 2.11 on the CPU fused that write into the loop computing the
     source, ahead of the fill, and the zeros overwrote it: timm's ConvNeXt (its head pools to
-    1x1 and flattens) trained with its every gradient below the last block's scale zero at
-    budget 1.0 with the fast end left to the model. The copy has no fill to order."""
+    1x1 and flattens) trained with its every gradient below the last block's scale zero
+    wherever the planner's own modules ran (budgets 0 and 0.5; 1.0 with ``fast_end="model"``).
+    The copy has no fill to order."""
     graph, replaced = module.graph, []
     for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.as_strided_scatter.default)):
         base, source, size, stride, *rest = (*node.args, *node.kwargs.values())
         offset = rest[0] if rest else 0
-        base_val, source_val = base.meta.get("val"), source.meta.get("val") if isinstance(source, fx.Node) else None
-        if not (isinstance(base_val, torch.Tensor) and isinstance(source_val, torch.Tensor)) or offset:
+        if not (isinstance(base, fx.Node) and isinstance(source, fx.Node)) or offset \
+                or not all(type(n) is int for n in (*size, *stride)):
+            continue  # a symbolic size or stride is left to inductor
+        base_val, source_val = base.meta.get("val"), source.meta.get("val")
+        if not (isinstance(base_val, torch.Tensor) and isinstance(source_val, torch.Tensor)):
             continue
         if not base_val.is_contiguous() or math.prod(size) != base_val.numel() \
                 or not dense_layout(torch.empty_strided(size, stride, device="meta")):
@@ -95,7 +99,8 @@ def whole_scatters_as_copies(module: fx.GraphModule) -> list[fx.Node]:
             step.meta = {"val": val, **tags}
         node.replace_all_uses_with(steps[-1])
         graph.erase_node(node)
-        if not base.users and base.op == "call_function" and not getattr(base.target, "_schema", None).is_mutable:
+        schema = getattr(base.target, "_schema", None)
+        if not base.users and base.op == "call_function" and schema is not None and not schema.is_mutable:
             graph.erase_node(base)  # the zeros the scatter filled
         replaced.append(node)
     if replaced:
