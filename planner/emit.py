@@ -14,6 +14,7 @@ import contextlib
 import math
 import operator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -85,19 +86,10 @@ def whole_scatters_as_copies(module: fx.GraphModule) -> list[fx.Node]:
                 or not dense_layout(torch.empty_strided(size, stride, device="meta")):
             continue
         order = sorted(range(len(size)), key=lambda dim: -stride[dim])
-        with getattr(source_val, "fake_mode", None) or contextlib.nullcontext():
-            permuted = torch.ops.aten.permute.default(source_val, order)
-            copied = torch.ops.aten.clone.default(permuted, memory_format=torch.contiguous_format)
-            viewed = torch.ops.aten.view.default(copied, list(base_val.shape))
-        tags = _phase_tags(node)
-        with graph.inserting_before(node):
-            steps = [graph.call_function(torch.ops.aten.permute.default, (source, order))]
-            steps.append(graph.call_function(torch.ops.aten.clone.default, (steps[-1],),
-                                             {"memory_format": torch.contiguous_format}))
-            steps.append(graph.call_function(torch.ops.aten.view.default, (steps[-1], list(base_val.shape))))
-        for step, val in zip(steps, (permuted, copied, viewed)):
-            step.meta = {"val": val, **tags}
-        node.replace_all_uses_with(steps[-1])
+        permuted = _inserted_before(node, torch.ops.aten.permute.default, source, order)
+        copied = _inserted_before(node, torch.ops.aten.clone.default, permuted, memory_format=torch.contiguous_format)
+        viewed = _inserted_before(node, torch.ops.aten.view.default, copied, list(base_val.shape))
+        node.replace_all_uses_with(viewed)
         graph.erase_node(node)
         schema = getattr(base.target, "_schema", None)
         if not base.users and base.op == "call_function" and schema is not None and not schema.is_mutable:
@@ -158,12 +150,7 @@ def recomputed_convolutions_read_channels_last(forward: fx.GraphModule, backward
         for source in chosen:
             reading = readers[source]
             first = min((node for node, _ in reading), key=order.__getitem__)
-            traced = source.meta["val"]
-            with getattr(traced, "fake_mode", None) or contextlib.nullcontext():
-                laid = torch.ops.aten.clone.default(traced, memory_format=torch.channels_last)
-            with graph.inserting_before(first):
-                copy = graph.call_function(torch.ops.aten.clone.default, (source,), {"memory_format": torch.channels_last})
-            copy.meta = {"val": laid, **_phase_tags(first)}
+            copy = _inserted_before(first, torch.ops.aten.clone.default, source, memory_format=torch.channels_last)
             for node, position in reading:
                 node.update_arg(position, copy)
             copied.append(source)
@@ -176,6 +163,18 @@ def recomputed_convolutions_read_channels_last(forward: fx.GraphModule, backward
 
 def _four_d(val: object) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() == 4
+
+
+def _inserted_before(node: fx.Node, target: Any, source: fx.Node, *args: Any, **kwargs: Any) -> fx.Node:
+    """``target(source, *args, **kwargs)`` inserted before ``node``, with its value (computed from
+    ``source``'s, fake where that is) and ``node``'s phase tags."""
+    traced = source.meta["val"]
+    with getattr(traced, "fake_mode", None) or contextlib.nullcontext():
+        val = target(traced, *args, **kwargs)
+    with node.graph.inserting_before(node):
+        inserted = node.graph.call_function(target, (source, *args), kwargs)
+    inserted.meta = {"val": val, **_phase_tags(node)}
+    return inserted
 
 
 def _phase_tags(node: fx.Node) -> dict:
