@@ -96,11 +96,14 @@ def cmd_check(args: argparse.Namespace) -> int:
                        lambda model, budget: planner.compile(model, memory_budget=budget, config=config),
                        dtype=dtype, tolerance=args.tolerance, torch_compile=args.codegen == "inductor",
                        autocast=None if args.autocast is None else getattr(torch, args.autocast))
-    print("| run | largest relative difference from eager | in | passed |")
-    print("|---|---|---|---|")
+    beside = any(row.get("from_torch_compile") is not None for row in rows)
+    print("| run | largest relative difference from eager | in | passed |" + (" from torch.compile's step |" if beside else ""))
+    print("|---|---|---|---|" + ("---|" if beside else ""))
     for row in rows:
         verdict = "-" if row["passed"] is None else ("yes" if row["passed"] else f"NO (allowed {row['allowed']:.1e})")
-        print(f"| {row['run']} | {row['relative']:.1e} | {row['where']} | {verdict} |")
+        other = row.get("from_torch_compile")
+        extra = (" - |" if other is None else f" {other:.1e} |") if beside else ""
+        print(f"| {row['run']} | {row['relative']:.1e} | {row['where']} | {verdict} |{extra}")
     failed = [row["run"] for row in rows if row["passed"] is False]
     print(f"\n{'every planned step trains like eager' if not failed else 'DIFFERS from eager: ' + ', '.join(failed)}")
     note = allowance_note(rows)

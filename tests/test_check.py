@@ -22,6 +22,7 @@ def test_check_passes_planned_models_and_prints_the_table(capsys):
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "| torch.compile |" in printed and printed.count("| yes |") == 2
+    assert "from torch.compile's step |" in printed
     assert "every planned step trains like eager" in printed
 
 
@@ -93,6 +94,18 @@ def test_the_allowance_follows_torch_compiles_own_difference():
     assert reference["run"] == "torch.compile" and reference["passed"] is None
     assert planned["allowed"] == pytest.approx(SLACK * reference["relative"])
     assert planned["passed"] is (planned["relative"] <= planned["allowed"])
+    # the "plan" is torch.compile itself: beside eager's yardstick, its difference from
+    # torch.compile's step is rounding at most, and a step that trains another model is far from it
+    assert planned["from_torch_compile"] <= 1e-6
+
+    def wrong(model, budget):
+        with torch.no_grad():
+            next(model.parameters()).add_(1e-3)
+        return torch.compile(model)
+
+    (_, moved) = check_model(tiny_cnn(), [0.0], wrong, dtype=torch.float64)
+    assert moved["from_torch_compile"] > 1e-5 and moved["passed"] is False
+    assert all("from_torch_compile" not in row for row in rows if row["run"] == "torch.compile")
 
 
 def test_a_wide_allowance_is_said_with_what_it_lets_pass():
