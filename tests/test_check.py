@@ -43,13 +43,15 @@ def test_check_under_autocast_passes_planned_steps_and_fails_one_run_outside_it(
     assert row["passed"] is False
 
 
-def test_a_planned_step_that_differs_fails_the_check():
-    def wrong(model, budget):  # a "plan" that trains another model: one weight moved
-        with torch.no_grad():
-            next(model.parameters()).add_(1e-3)
-        return model
+def _weight_moved(model, budget):
+    """A "plan" that trains another model: one weight moved."""
+    with torch.no_grad():
+        next(model.parameters()).add_(1e-3)
+    return model
 
-    rows = check_model(tiny_cnn(), [1.0], wrong, dtype=torch.float64, torch_compile=False)
+
+def test_a_planned_step_that_differs_fails_the_check():
+    rows = check_model(tiny_cnn(), [1.0], _weight_moved, dtype=torch.float64, torch_compile=False)
     (row,) = rows
     assert row["passed"] is False and row["relative"] > 1e-5
 
@@ -98,12 +100,8 @@ def test_the_allowance_follows_torch_compiles_own_difference():
     # torch.compile's step is rounding at most, and a step that trains another model is far from it
     assert planned["from_torch_compile"] <= 1e-6
 
-    def wrong(model, budget):
-        with torch.no_grad():
-            next(model.parameters()).add_(1e-3)
-        return torch.compile(model)
-
-    (_, moved) = check_model(tiny_cnn(), [0.0], wrong, dtype=torch.float64)
+    (_, moved) = check_model(tiny_cnn(), [0.0], lambda model, budget: torch.compile(_weight_moved(model, budget)),
+                             dtype=torch.float64)
     assert moved["from_torch_compile"] > 1e-5 and moved["passed"] is False
     assert all("from_torch_compile" not in row for row in rows if row["run"] == "torch.compile")
 
