@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from estimators.base import Estimator
 from planner.graph import JointGraph
-from planner.memory import build_schedule, constant_inlined, convolutions_laid_out, freed_output_roots
+from planner.memory import build_schedule, constant_inlined, convolutions_laid_out, freed_output_roots, graph_unchanged
 from planner.schedule import with_backward_beside, with_rest_of_step
 from planner.ops import aliased_input, first_tensor, is_getitem, is_random, side_effect, storage_bytes
 from planner.problem import Problem
@@ -65,23 +65,25 @@ def build_problem(joint: JointGraph, estimator: Estimator, fuse: bool = False, r
     random = np.zeros(n, dtype=bool)
     reasons: dict[int, str] = {}
     ptr, idx = [0], []
-    for i, node in enumerate(nodes):
-        val = node.meta.get("val")
-        view = aliased_input(node) is not None
-        if isinstance(val, torch.Tensor) and not view:
-            saveable[i], nbytes[i] = not (fuse and constant_inlined(node)), storage_bytes(val)
-        reason = _never_recompute(node, val, joint.mutated_primals)
-        if reason is None:
-            recomputable[i] = True
-        else:
-            reasons[i] = reason
-            saveable[i] = saveable[i] or isinstance(val, _SYM)
-        if saveable[i] and nbytes[i]:
-            save_seconds[i] = estimator.save_seconds(node, made_in_forward)
-        random[i] = is_random(node)
-        runtime[i] = 0.0 if view or is_getitem(node) or backward_born(node) else estimator.recompute_seconds(node, made_in_forward)
-        idx.extend(index[inp] for inp in node.all_input_nodes if inp in index)
-        ptr.append(len(idx))
+    with graph_unchanged():  # the estimator's questions of the graph, each answered once
+        for i, node in enumerate(nodes):
+            val = node.meta.get("val")
+            view = aliased_input(node) is not None
+            if isinstance(val, torch.Tensor) and not view:
+                saveable[i], nbytes[i] = not (fuse and constant_inlined(node)), storage_bytes(val)
+            reason = _never_recompute(node, val, joint.mutated_primals)
+            if reason is None:
+                recomputable[i] = True
+            else:
+                reasons[i] = reason
+                saveable[i] = saveable[i] or isinstance(val, _SYM)
+            if saveable[i] and nbytes[i]:
+                save_seconds[i] = estimator.save_seconds(node, made_in_forward)
+            random[i] = is_random(node)
+            runtime[i] = (0.0 if view or is_getitem(node) or backward_born(node)
+                          else estimator.recompute_seconds(node, made_in_forward))
+            idx.extend(index[inp] for inp in node.all_input_nodes if inp in index)
+            ptr.append(len(idx))
     problem = Problem(
         names=tuple(node.name for node in nodes),
         nbytes=nbytes,
@@ -189,4 +191,5 @@ def estimate_step_seconds(joint: JointGraph, estimator: Estimator) -> float:
     nodes = [node for node in joint.graph.nodes
              if node.op == "call_function" and not is_getitem(node) and aliased_input(node) is None]
     estimator.prepare(nodes)
-    return sum(estimator.runtime(node) for node in nodes)
+    with graph_unchanged():
+        return sum(estimator.runtime(node) for node in nodes)

@@ -93,7 +93,7 @@ from planner.workspace import workspace_bytes
 T = TypeVar("T")
 
 __all__ = ["Timeline", "simulate", "build_schedule", "storage_root", "layout_copies", "convolutions_laid_out",
-           "constant_inlined", "CONVOLUTIONS"]
+           "constant_inlined", "CONVOLUTIONS", "graph_unchanged"]
 
 
 @dataclass(frozen=True)
@@ -178,6 +178,15 @@ def _graphs_unchanged():
         yield
     finally:
         _seen.maps = outer
+
+
+def graph_unchanged():
+    """A context in which the graphs walked do not change: what this module finds for their
+    nodes (readers, leaf reads, kernels, layouts) is found once and kept until it exits. For
+    callers that ask it of many nodes of one graph, such as an estimator pricing each node of a
+    joint graph (outside one, every question walks the graph afresh: 8.8 s of a 2-core CPU for
+    the roofline's step estimate of timm's ConvFormer-S18 joint graph of 2912 nodes)."""
+    return _graphs_unchanged()
 
 
 def _empty_maps() -> tuple[dict, ...]:

@@ -447,3 +447,33 @@ def test_a_value_laid_out_by_fused_attention_is_free_to_save_and_costs_its_copy_
         assert problem.runtime[i] >= nbytes
     fast = runtime_optimal_plan(problem)
     assert all(fast.saved[i] for i in repeated)
+
+
+def test_pricing_a_joint_graph_asks_each_question_of_it_once_and_gets_the_same_answers(monkeypatch):
+    """The problem's prices and the step's estimate are made inside one walk of the graph
+    (:func:`planner.memory.graph_unchanged`), each question of the memory model answered once:
+    the same figures as asking each afresh, which pricing every node did before."""
+    import contextlib
+
+    import numpy as np
+
+    from planner import memory
+    from planner.build import build_problem, estimate_step_seconds
+    from planner.tracing import capture
+    from tests.models import gpt
+
+    model, batch = gpt()
+    joint = capture(model, batch, codegen="inductor")
+
+    def priced():
+        roofline = RooflineEstimator(calibrate=False, flops_per_second=1e14, bytes_per_second=2e12)
+        problem = build_problem(joint, roofline, fuse=True)
+        return problem.runtime, problem.save_seconds, estimate_step_seconds(joint, roofline)
+
+    walked = priced()
+    monkeypatch.setattr(memory, "_graphs_unchanged", contextlib.nullcontext)  # every question walks afresh
+    afresh = priced()
+    assert walked[2] == afresh[2] > 0
+    for ours, theirs in zip(walked[:2], afresh[:2]):
+        np.testing.assert_array_equal(ours, theirs)
+    assert walked[1].any()  # the roofline prices saving: the save-cost questions were asked too
