@@ -403,20 +403,27 @@ def store_narrow_casts(forward: fx.GraphModule, backward: fx.GraphModule, channe
     their readers stay unfused there, :func:`planner.memory.far_epilogues`); ``channels_last``:
     inductor lays out the graph's convolutions channels-last, and 4-D casts are left to it.
     Returns the values so stored."""
-    from planner.memory import far_epilogues, narrow_cast_input
+    from planner.memory import far_epilogues, graph_unchanged, narrow_cast_input
 
     stored = []
     for module in (forward, backward):
         graph, far, own = module.graph, None, []
-        for cast in list(graph.nodes):
-            if narrow_cast_input(cast, None, channels_last) is None:  # the cheap part first: far only where it passes
-                continue
-            if far is None:
-                steps = [n for n in graph.nodes if n.op != "output"]
-                far = far_epilogues(steps, True) if module is backward else frozenset()
-            if (narrow := narrow_cast_input(cast, far, channels_last)) is not None:
+        casts, k = list(graph.nodes), 0
+        while k < len(casts):
+            narrow = None
+            with graph_unchanged():  # what the tests find is kept until a value is stored, which changes the graph
+                for k in range(k, len(casts)):
+                    if narrow_cast_input(casts[k], None, channels_last) is None:  # the cheap part first: far only
+                        continue                                                  # where it passes
+                    if far is None:
+                        steps = [n for n in graph.nodes if n.op != "output"]
+                        far = far_epilogues(steps, True) if module is backward else frozenset()
+                    if (narrow := narrow_cast_input(casts[k], far, channels_last)) is not None:
+                        break
+            if narrow is not None:
                 _read_as_traced(graph, narrow)
                 own.append(narrow)
+            k += 1
         if own:
             module.recompile()
         stored += own

@@ -1,4 +1,5 @@
 """The memory simulator: equal to a count over real storages, and consistent with the schedule."""
+import contextlib
 import re
 
 import numpy as np
@@ -1131,8 +1132,6 @@ def test_the_timeline_names_the_saved_values_alive_at_its_peak():
 def test_a_simulation_finds_readers_once_and_forgets_them(name, monkeypatch):
     """Within one simulation each node's readers and leaf reads are found once, then forgotten:
     the timeline is the one found without keeping them."""
-    import contextlib
-
     from planner import memory
     from planner.predict import simulated_timeline
 
@@ -2002,6 +2001,47 @@ def test_the_schedule_counts_a_narrow_stored_gradient_in_its_casts_place():
         assert schedule.reuse[t] == 0
         narrow = schedule.step_names.index(cast.args[0].name)
         assert schedule.reuse[narrow] == 4 * 64 * 3199 * 2 == cast.meta["val"].numel() * 2
+
+
+class _GroupNormStack(torch.nn.Module):
+    """Three of :class:`_GroupNormEncoder`'s convolution, GroupNorm and GELU layers: a narrow
+    gradient to store for each GroupNorm backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(
+            torch.nn.Conv1d(1 if k == 0 else 32, 32, 5, 2, bias=False), torch.nn.GroupNorm(32, 32), torch.nn.GELU())
+            for k in range(3))
+
+    def forward(self, audio):
+        hidden = audio[:, None]
+        for layer in self.layers:
+            hidden = layer(hidden)
+        return hidden.float().pow(2).mean()
+
+
+def test_narrow_gradients_are_stored_alike_with_each_question_asked_once_between_changes(monkeypatch):
+    """:func:`planner.emit.store_narrow_casts` asks its questions of a module inside one walk of
+    it until it stores a value (which changes the graph), then in a new one: the values stored
+    and the modules are those of asking each question afresh."""
+    from planner import emit, memory
+    from planner.bounds import runtime_optimal_plan
+    from planner.build import build_problem
+    from estimators import get_estimator
+
+    model, audio = _GroupNormStack().to(torch.bfloat16), torch.randn(2, 4000, dtype=torch.bfloat16)
+    joint = planner.capture(model, (audio,), codegen="inductor")
+    problem = build_problem(joint, get_estimator("flops"), fuse=True)
+    saved = tuple(problem.names[i] for i in np.flatnonzero(runtime_optimal_plan(problem).saved))
+
+    def stored():
+        forward, backward = emit.emit(joint.copy(), problem, saved)
+        names = [n.name for n in emit.store_narrow_casts(forward, backward)]
+        return names, forward.code, backward.code
+
+    walked = stored()
+    monkeypatch.setattr(memory, "_graphs_unchanged", contextlib.nullcontext)
+    assert len(walked[0]) >= 3 and walked == stored()
 
 
 class _Fan(torch.nn.Module):
