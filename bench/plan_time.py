@@ -13,6 +13,12 @@ commits compare on the capture, problem and simulation columns, and on whole pla
 the plans are the same.
 
     python -m bench.plan_time [--models t5 deberta qwen2] [--budgets 0] [--repeats 7] [--device cpu]
+                              [--prices H100]
+
+``--prices H100`` prices the graphs as the default planner prices them on that GPU (the
+``roofline`` estimator at the datasheet's bf16 rates, :data:`estimators.roofline.DATASHEET`),
+the models in bf16 as on the GPU, while they are captured on the CPU; by default the default
+estimator prices them (``flops`` on a CPU).
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import numpy as np
 import torch
 
 from bench import save_rows
+from estimators.roofline import DATASHEET
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -46,11 +53,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--size", choices=["bench", "tiny"], default="bench")
+    parser.add_argument("--prices", choices=sorted(DATASHEET), default=None,
+                        help="price the graphs with the roofline at this GPU's datasheet rates (default: the default estimator)")
     parser.add_argument("--out", type=Path, default=RESULTS / "plan_time.json")
     args = parser.parse_args(argv)
-    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    settings = _estimator_settings(args.prices)
+    dtype = torch.float32 if args.device == "cpu" and not args.prices else torch.bfloat16
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
-    print(f"{device}, torch {torch.__version__}")
+    print(f"{device}, torch {torch.__version__}, {'roofline at ' + args.prices + ' datasheet rates' if args.prices else 'default estimator'}")
     print("| model | joint nodes | capture s | problem s | simulation s (least / median) | budget | plan s | "
           "predicted peak GiB | estimated ms |\n|---|---|---|---|---|---|---|---|---|", flush=True)
     rows = []
@@ -63,13 +73,14 @@ def main(argv: list[str] | None = None) -> None:
             if not str(err).startswith("graph break"):
                 raise
             for budget in args.budgets:  # planned graph by graph, as planner.compile plans them
-                rows.append(_compiled_plans(name, model, batch, budget))
+                rows.append(_compiled_plans(name, model, batch, budget, settings))
                 save_rows(args.out, device, torch.__version__, rows)
                 print(_line(rows[-1]), flush=True)
             continue
         capture = time.perf_counter() - start
         start = time.perf_counter()
-        problem = build_problem(joint, get_estimator("flops"), fuse=True)
+        problem = build_problem(joint, get_estimator(settings.get("estimator", "flops"), **settings.get("estimator_options", {})),
+                                fuse=True)
         problem_seconds = time.perf_counter() - start
         saved = tuple(problem.names[i] for i in np.flatnonzero(runtime_optimal_plan(problem).saved))
         times = []
@@ -84,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             if budget is not None:
                 with _cold():  # the flop counts of the problem above forgotten too
                     start = time.perf_counter()
-                    found = planner.plan(model, list(batch), memory_budget=budget)
+                    found = planner.plan(model, list(batch), memory_budget=budget, config=planner.PlannerConfig(**settings))
                     point.update(plan_seconds=time.perf_counter() - start, predicted_peak_bytes=found.decision.peak_bytes,
                                  estimated_seconds=found.decision.seconds)
             rows.append(point)
@@ -102,7 +113,17 @@ def _cold():
         yield
 
 
-def _compiled_plans(name: str, model: torch.nn.Module, batch: tuple, budget: float) -> dict:
+def _estimator_settings(prices: str | None) -> dict:
+    """The planner's settings for ``--prices``: none (the defaults), or the roofline at that GPU's
+    datasheet rates, which the default estimator (``auto``) would calibrate on the GPU itself."""
+    if prices is None:
+        return {}
+    rates = DATASHEET[prices]
+    return {"estimator": "roofline", "estimator_options": {"calibrate": False, "flops_per_second": rates.half_flops,
+                                                          "bytes_per_second": rates.bandwidth}}
+
+
+def _compiled_plans(name: str, model: torch.nn.Module, batch: tuple, budget: float, settings: dict) -> dict:
     """A model that graph breaks, cold at ``budget``: ``planner.compile``'s first step plans each
     graph; the row has the plans' seconds summed (the capture, problem and simulation columns are
     single-graph figures, so none), and the step's predicted peak."""
@@ -112,7 +133,7 @@ def _compiled_plans(name: str, model: torch.nn.Module, batch: tuple, budget: flo
 
     with _cold():
         torch._dynamo.reset()
-        compiled = planner.compile(copy.deepcopy(model), memory_budget=budget)
+        compiled = planner.compile(copy.deepcopy(model), memory_budget=budget, **settings)
         compiled(*batch).backward()
     graphs = compiled.planner_backend.graphs
     return {"model": name, "graphs": len(graphs), "nodes": sum(len(g.problem.names) for g in graphs), "budget": budget,
