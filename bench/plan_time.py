@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         capture = time.perf_counter() - start
         start = time.perf_counter()
-        problem = build_problem(joint, get_estimator(settings.get("estimator", "flops"), **settings.get("estimator_options", {})),
-                                fuse=True)
+        estimator = get_estimator(settings.get("estimator", "flops"), **settings.get("estimator_options", {}))
+        problem = build_problem(joint, estimator, fuse=True)
         problem_seconds = time.perf_counter() - start
         saved = tuple(problem.names[i] for i in np.flatnonzero(runtime_optimal_plan(problem).saved))
         times = []
@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
             simulated_timeline(joint, problem, saved, True)
             times.append(time.perf_counter() - start)
         row = {"model": name, "nodes": len(joint.graph.nodes), "capture_seconds": capture, "problem_seconds": problem_seconds,
-               "simulation_seconds_least": min(times), "simulation_seconds_median": statistics.median(times)}
+               "simulation_seconds_least": min(times), "simulation_seconds_median": statistics.median(times),
+               "estimator": str(estimator)}
         for budget in args.budgets or [None]:  # no budgets: the parts alone
             point = {**row, "budget": budget}
             if budget is not None:
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
                     start = time.perf_counter()
                     found = planner.plan(model, list(batch), memory_budget=budget, config=planner.PlannerConfig(**settings))
                     point.update(plan_seconds=time.perf_counter() - start, predicted_peak_bytes=found.decision.peak_bytes,
-                                 estimated_seconds=found.decision.seconds)
+                                 estimated_seconds=found.decision.seconds, plan_estimator=found.graph_plan.estimator)
             rows.append(point)
             save_rows(args.out, device, torch.__version__, rows)
             print(_line(point), flush=True)

@@ -265,6 +265,20 @@ def test_plan_time_bench_times_the_parts_and_a_cold_plan_and_leaves_the_cache_se
     assert "| bert |" in capsys.readouterr().out
 
 
+def test_plan_time_bench_prices_with_a_gpus_datasheet_rates_when_asked(tmp_path, capsys):
+    import pytest
+
+    pytest.importorskip("transformers")
+    from bench import plan_time
+
+    out = tmp_path / "plan_time.json"
+    plan_time.main(["--models", "bert", "--size", "tiny", "--budgets", "1", "--repeats", "1", "--prices", "H100",
+                    "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["estimator"].startswith("roofline") and row["plan_estimator"] == row["estimator"]
+    assert "H100 datasheet rates" in capsys.readouterr().out
+
+
 def test_plan_time_bench_plans_a_model_that_graph_breaks_graph_by_graph(tmp_path, capsys):
     import pytest
 
