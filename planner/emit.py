@@ -411,7 +411,7 @@ def store_narrow_casts(forward: fx.GraphModule, backward: fx.GraphModule, channe
         casts, k = list(graph.nodes), 0
         while k < len(casts):
             narrow = None
-            with graph_unchanged():  # what the tests find is kept until a value is stored, which changes the graph
+            with graph_unchanged():  # answers kept while the graph stays as it is: storing a value changes it
                 for k in range(k, len(casts)):
                     if narrow_cast_input(casts[k], None, channels_last) is None:  # the cheap part first: far only
                         continue                                                  # where it passes
