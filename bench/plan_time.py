@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "plan_time.json")
     args = parser.parse_args(argv)
     settings = _estimator_settings(args.prices)
+    config = planner.PlannerConfig(**settings)  # the problem column prices as the plans do
     dtype = torch.float32 if args.device == "cpu" and not args.prices else torch.bfloat16
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     print(f"{device}, torch {torch.__version__}, {'roofline at ' + args.prices + ' datasheet rates' if args.prices else 'default estimator'}")
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         capture = time.perf_counter() - start
         start = time.perf_counter()
-        estimator = get_estimator(settings.get("estimator", "flops"), **settings.get("estimator_options", {}))
+        estimator = get_estimator(config.estimator, **config.estimator_options)
         problem = build_problem(joint, estimator, fuse=True)
         problem_seconds = time.perf_counter() - start
         saved = tuple(problem.names[i] for i in np.flatnonzero(runtime_optimal_plan(problem).saved))
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
             if budget is not None:
                 with _cold():  # the flop counts of the problem above forgotten too
                     start = time.perf_counter()
-                    found = planner.plan(model, list(batch), memory_budget=budget, config=planner.PlannerConfig(**settings))
+                    found = planner.plan(model, list(batch), memory_budget=budget, config=config)
                     point.update(plan_seconds=time.perf_counter() - start, predicted_peak_bytes=found.decision.peak_bytes,
                                  estimated_seconds=found.decision.seconds, plan_estimator=found.graph_plan.estimator)
             rows.append(point)
