@@ -99,7 +99,7 @@ def _family(name: str) -> str:
 def run_model(name: str, args, rows: list[dict], save) -> None:
     import torch
 
-    from bench.gpu_step import measure, retime
+    from bench.gpu_step import again_together, measure
     from bench.zoo_models import build
 
     base, batch = build(name, "bench", device="cuda", dtype=torch.bfloat16)
@@ -115,8 +115,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
         rows.append(row)
         save()
         print(f"| {name} | {label} | {row['peak_activation_bytes'] / GIB:.3f} | {row['step_ms']:.2f} |", flush=True)
-    for row, ms in zip(mine, retime(kept, batch, args.rounds, args.steps)):
-        row["step_ms_alone"], row["step_ms"] = row["step_ms"], ms
+    again_together(mine, kept, batch, args.rounds, args.steps)
     save()
     del base, kept
     torch.cuda.empty_cache()

@@ -11,8 +11,8 @@ A bf16 Llama-style model (``bench.llama``), each rank its own batch. Peak memory
 includes what the engine allocates during the step (FSDP2's unsharded parameters and gradient
 buffers, DDP's buckets) besides activations. Step time is forward and backward (gradients
 reduced), the median of CUDA-event-timed steps, timed interleaved across the methods of an engine
-(``bench.gpu_step.retime``). Every method of an engine is built before any is timed, from the same
-weights. Rank 0 prints a table per rank and the targets, and writes ``--out``.
+and each one's peaks measured again once all are built (``bench.gpu_step.again_together``). Every
+method of an engine is built before any is timed, from the same weights. Rank 0 prints a table per rank and the targets, and writes ``--out``.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 import planner
 from bench import fastest_within, save_rows
-from bench.gpu_step import measure, retime
+from bench.gpu_step import again_together, measure
 from bench.llama import LlamaConfig, llama_example
 
 RESULTS = Path(__file__).parent / "results"
@@ -129,8 +129,7 @@ def run_engine(engine: str, cfg: LlamaConfig, args, mesh) -> list[dict]:
         if dist.get_rank() == 0:
             print(f"  {engine} {method} {'' if budget is None else budget}: "
                   f"{result['peak_activation_bytes'] / GIB:.3f} GiB, {result['step_ms']:.1f} ms", flush=True)
-    for row, ms in zip(rows, retime(runs, batch, args.rounds, args.steps)):
-        row["step_ms"] = ms
+    again_together(rows, runs, batch, args.rounds, args.steps)
     return rows
 
 

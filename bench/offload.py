@@ -40,7 +40,7 @@ GIB = 2**30
 
 def main(argv: list[str] | None = None) -> None:
     import planner
-    from bench.gpu_step import measure, retime
+    from bench.gpu_step import again_together, measure
     from estimators import get_estimator
     from planner.compiler import PlannerBackend
     from planner.offload_choice import offload_guides
@@ -165,8 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         save_rows(args.out, device, torch.__version__, rows)
         print(_line(row), flush=True)
-    for row, ms in zip(rows, retime(kept, batch, args.rounds, args.steps)):
-        row["step_ms_alone"], row["step_ms"] = row["step_ms"], ms
+    again_together(rows, kept, batch, args.rounds, args.steps)
     rows += failed
     rows.append({"method": "link", **{f"{k}_bytes_per_second": v for k, v in link.items()}})
     save_rows(args.out, device, torch.__version__, rows)

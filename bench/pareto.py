@@ -15,7 +15,9 @@ Step time: each point is first timed alone (``--steps`` CUDA-event-timed steps a
 step; kept as ``step_ms_alone``). Every point stays compiled (each behind a frame of its own,
 :func:`bench.workloads.own_frame`), and after the last one all are timed again in ``--rounds``
 interleaved rounds; ``step_ms`` is the median of those steps, so a drift of the GPU's clocks
-over the run falls on every method alike.
+over the run falls on every method alike. Before that, every point's peaks are measured again
+with all of them built (:func:`bench.gpu_step.again_together`; the first measure kept as
+``*_alone``), so that no point's peak depends on which points the process measured before it.
 
 Writes ``<out>.json``, ``<out>.md`` (the table and the targets) and ``<out>.png`` (memory on x,
 step time on y, a line per method).
@@ -59,7 +61,7 @@ def run(args, out: Path) -> list[dict]:
     import torch
 
     from bench.gpu_memory import run_point
-    from bench.gpu_step import measure, retime
+    from bench.gpu_step import again_together, measure
     from bench.workloads import WORKLOADS, checkpoint_blocks, own_frame
     from planner.errors import PlannerError
 
@@ -111,8 +113,7 @@ def run(args, out: Path) -> list[dict]:
                     planner_point(solver, int(t["peak_activation_bytes"]), matched=t["budget"])
     if args.rounds and kept:
         print(f"timing every point again: {args.rounds} rounds of {args.steps} steps each, the points in turn", flush=True)
-        for row, ms in zip(rows, retime(kept, batch, args.rounds, args.steps)):
-            row["step_ms_alone"], row["step_ms"] = row["step_ms"], ms
+        again_together(rows, kept, batch, args.rounds, args.steps)
         save()
         print(_HEADER)
         print("\n".join(map(_table_row, rows)), flush=True)

@@ -5,9 +5,11 @@ float32 weights and every forward inside ``torch.autocast`` to bf16): eager; the
 gradient checkpointing (eager); ``torch.compile`` at PyTorch's ``activation_memory_budget``
 values (``--torch-budgets``); and the planner at its defaults (``planner.compile`` with only
 ``memory_budget`` set) at ``--budgets`` and at each torch.compile point's measured peak given as
-an absolute budget. Every point stays compiled and all are timed again in ``--rounds``
-interleaved rounds at the end (as ``bench/pareto.py`` does); ``step_ms`` is the median of those
-steps. A second eager copy is timed last in every round: ``spread_ms`` is half the difference
+an absolute budget. Every point stays compiled; once all are built, each one's peaks are
+measured again (the first measure of a step depends on what the process allocated before it,
+:func:`bench.gpu_step.again_together`; the first figures are kept as ``*_alone``) and all are
+timed again in ``--rounds`` interleaved rounds (as ``bench/pareto.py`` does); ``step_ms`` is the
+median of those steps. A second eager copy is timed last in every round: ``spread_ms`` is half the difference
 between the two eager medians, the run's noise as eager shows it (compiled points can vary more).
 Then per point, where the step's time goes (:func:`bench.gpu_step.kernel_and_host`): the GPU's
 busy time, the GPU work it launches (kernels, copies, fills) and the host's launch time per step.
@@ -47,7 +49,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
     import torch
 
     import planner
-    from bench.gpu_step import kernel_and_host, measure, retime
+    from bench.gpu_step import again_together, kernel_and_host, measure
     from bench.zoo_models import build, library_checkpointing
 
     base, batch = build(name, "bench", device="cuda", dtype=torch.float32 if args.autocast else torch.bfloat16)
@@ -142,9 +144,8 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
         model = copy.deepcopy(base)
         # eager again, last: the run's noise
         kept.append((under_autocast(model) if args.autocast else model, list(model.parameters())))
-        times = retime(kept, batch, args.rounds, args.steps)
-        for row, ms in zip(mine, times):
-            row["step_ms_alone"], row["step_ms"] = row["step_ms"], ms
+    times = again_together(mine, kept, batch, args.rounds, args.steps)
+    if args.rounds:
         mine[0]["spread_ms"] = abs(times[-1] - times[0]) / 2
         for row, (run, params) in zip(mine, kept):
             row.update(kernel_and_host(run, params, batch))

@@ -343,3 +343,66 @@ def test_zoo_target_b_names_the_planner_points_it_was_judged_on():
     rows.append({"model": "m", "method": "planner", "budget": 1.0, "peak_activation_bytes": 90, "step_ms": 10.0})
     line = next(line for line in zoo_targets(rows) if line.startswith("(b)"))
     assert line == "(b) met: 1 of 1 torch.compile points dominated by the planner's points measured (budgets 0, 1)"
+
+
+class _Allocator:
+    """torch.cuda's memory counters for a CPU test: bytes allocated now, their peak since the
+    last reset, and the same for the bytes the tensors asked for."""
+
+    def __init__(self):
+        self.now = self.peak = self.asked = self.asked_peak = 0
+
+    def take(self, allocated: int, asked: int) -> None:
+        self.now, self.asked = self.now + allocated, self.asked + asked
+        self.peak, self.asked_peak = max(self.peak, self.now), max(self.asked_peak, self.asked)
+
+    def synchronize(self):
+        pass
+
+    def empty_cache(self):
+        pass
+
+    def memory_allocated(self):
+        return self.now
+
+    def max_memory_allocated(self):
+        return self.peak
+
+    def reset_peak_memory_stats(self):
+        self.peak, self.asked_peak = self.now, self.asked
+
+    def memory_stats(self):
+        return {"requested_bytes.all.current": self.asked, "requested_bytes.all.peak": self.asked_peak}
+
+
+def test_every_runs_peaks_are_measured_again_once_all_are_built_the_first_kept_alone(monkeypatch):
+    import bench.gpu_step as gpu_step
+
+    cuda = _Allocator()
+    monkeypatch.setattr(gpu_step.torch, "cuda", cuda)
+    monkeypatch.setattr(gpu_step, "retime", lambda runs, batch, rounds, steps: [7.0 + k for k in range(len(runs))])
+    measured = []
+
+    def run_of(asked: int):
+        def run(x):
+            cuda.take(asked, asked)
+
+            class Loss:
+                def backward(self):
+                    cuda.take(-asked, -asked)
+                    measured.append(asked)
+            return Loss()
+        return run
+
+    runs = [(run_of(1000), []), (run_of(1000), []), (run_of(300), [])]
+    # the first measures: the allocator gave the first step's request a block 512 bytes larger
+    rows = [{"peak_activation_bytes": 1512, "step_ms": 9.0}, {"peak_activation_bytes": 1000, "step_ms": 9.5}]
+    times = gpu_step.again_together(rows, runs, (None,), rounds=1, steps=3)
+    assert times == [7.0, 8.0, 9.0]  # every run timed, the one past the rows too
+    assert [r["peak_activation_bytes"] for r in rows] == [1000, 1000]  # both in one allocator state
+    assert [r["peak_activation_bytes_alone"] for r in rows] == [1512, 1000]
+    assert [r["peak_requested_bytes"] for r in rows] == [1000, 1000]
+    assert [(r["step_ms_alone"], r["step_ms"]) for r in rows] == [(9.0, 7.0), (9.5, 8.0)]
+    assert measured == [1000, 1000]  # the run past the rows has no peaks to measure
+    assert gpu_step.again_together(rows, runs, (None,), rounds=0, steps=3) == []
+    assert [r["step_ms"] for r in rows] == [7.0, 8.0]  # not timed again without rounds
