@@ -36,7 +36,7 @@ def run_point(base, batch, budget: float | int, solver: str, time_limit: float, 
               keep: list | None = None) -> dict:
     """Plan ``base`` through torch.compile at ``budget`` (a fraction, or bytes); measured and
     predicted figures of one step. With ``keep``, the compiled model and its parameters are
-    appended to it, to be timed again (:func:`bench.gpu_step.retime`)."""
+    appended to it, to be measured and timed again (:func:`bench.gpu_step.again_together`)."""
     model = copy.deepcopy(base)
     config = planner.PlannerConfig(codegen="inductor", memory_budget=budget, solver=solver, time_limit=time_limit,
                                    estimator=estimator)
