@@ -12,7 +12,8 @@ includes what the engine allocates during the step (FSDP2's unsharded parameters
 buffers, DDP's buckets) besides activations. Step time is forward and backward (gradients
 reduced), the median of CUDA-event-timed steps, timed interleaved across the methods of an engine
 and each one's peaks measured again once all are built (``bench.gpu_step.again_together``). Every
-method of an engine is built before any is timed, from the same weights. Rank 0 prints a table per rank and the targets, and writes ``--out``.
+method of an engine is built before any is timed, from the same weights. Rank 0 prints a table
+per rank and the targets, and writes ``--out``.
 """
 from __future__ import annotations
 
