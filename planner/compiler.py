@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 import weakref
 from functools import wraps
@@ -160,6 +161,7 @@ class PlannerBackend:
         # (planner._torch_compat.fusion_distance_guard), over every graph compiled so far
         self.fusions_refused = SimpleNamespace(refused=0, refused_across=0)
         self.whole_model = False  # compiles a whole model (planner.compile), not blocks one by one
+        self.checked_compiled = False  # whether a training call has shown that a graph reached this backend
         self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_settings(),
                                                self.fusions_refused)
 
@@ -826,25 +828,53 @@ def compile(model: nn.Module, config: PlannerConfig | None = None, **overrides: 
     """
     planned = backend(config, **overrides)
     planned.whole_model = True
-    compiled = _past_compile_limits(torch.compile(own_frame(model), backend=planned, dynamic=False))
+    compiled = _past_compile_limits(torch.compile(own_frame(model), backend=planned, dynamic=False), planned,
+                                    "the model")
     compiled.planner_backend = planned
     return compiled
 
 
-def _past_compile_limits(compiled: nn.Module) -> nn.Module:
+def _past_compile_limits(compiled: nn.Module, backend: PlannerBackend, what: str) -> nn.Module:
     """``compiled`` (a ``torch.compile``d module), running with dynamo's per-code-object compile
     limits lifted (:func:`planner._torch_compat.compile_limits_lifted`): the library frames its
     graph breaks resume in are shared by every model in the process, and past the limit they
-    would run unplanned. The module's own frame is its own (:func:`own_frame`)."""
+    would run unplanned. The module's own frame is its own (:func:`own_frame`).
+
+    The first call with gradients on that hands ``backend`` no graph at all warns, once per
+    backend: ``what`` (the model, its blocks) then ran eagerly, and the budget had no effect."""
     run = compiled.forward
 
     @wraps(run)
     def forward(*args: Any, **kwargs: Any) -> Any:
         with _torch_compat.compile_limits_lifted():
-            return run(*args, **kwargs)
+            out = run(*args, **kwargs)
+        if not backend.checked_compiled and torch.is_grad_enabled():
+            backend.checked_compiled = True
+            if not backend._parts:
+                warnings.warn(_NO_GRAPH.format(what=what, fix=_NO_GRAPH_FIX[what]), stacklevel=_callers_level())
+        return out
 
     compiled.forward = forward
     return compiled
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame, counted from the caller of this function, outside
+    torch and this module: the line of the training script that called the compiled module."""
+    frame, level, own = sys._getframe(2), 2, (os.path.dirname(torch.__file__) + os.sep, __file__)
+    while frame is not None and frame.f_code.co_filename.startswith(own):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_NO_GRAPH = (
+    "the planner compiled no graph in {what}'s first training call, so {what} ran eagerly and unplanned: "
+    "memory_budget had no effect. torch.compile skipped the frame, as it does for a graph break it cannot "
+    "resume from (one inside a loop of the forward, such as a .item() or a branch on a tensor's value; "
+    "torch's warnings above name it) or for code under torch.compiler.disable. {fix}")
+_NO_GRAPH_FIX = {"the model": "Remove the break, or compile the repeated blocks the loop calls on their own: "
+                              "planner.compile_blocks(model.layers)",
+                 "the blocks": "Remove the break from the blocks' forward"}
 
 
 def compile_blocks(blocks: nn.Module, config: PlannerConfig | None = None, **overrides: Any) -> PlannerBackend:
@@ -875,5 +905,6 @@ def compile_blocks(blocks: nn.Module, config: PlannerConfig | None = None, **ove
     named = list(blocks.named_children())
     own_forward([block for _, block in named])
     for name, block in named:
-        setattr(blocks, name, _past_compile_limits(torch.compile(block, backend=planned, dynamic=False)))
+        setattr(blocks, name, _past_compile_limits(torch.compile(block, backend=planned, dynamic=False), planned,
+                                                   "the blocks"))
     return planned

@@ -748,3 +748,66 @@ def test_a_step_under_autocast_trains_as_torch_compile_does_at_every_budget():
             torch.testing.assert_close(g, w, atol=0, rtol=0)
         if budget == 0.0:
             assert compiled.planner_backend.graphs[0].decision.recompute_seconds > 0
+
+
+class _BreakInLoop(nn.Module):
+    """Layers called in a loop whose body branches on a tensor's value: dynamo cannot resume
+    inside the loop, so torch.compile skips the whole frame and hands its backend no graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x)) + x
+            if x.norm().item() > 1e9:
+                x = x * 0.5
+        return x.pow(2).mean()
+
+
+class _Disabled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 8)
+
+    @torch.compiler.disable
+    def forward(self, x):
+        return self.layer(x).pow(2).mean()
+
+
+def _no_graph_warnings(run) -> list[str]:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return [str(w.message) for w in caught if "compiled no graph" in str(w.message)]
+
+
+@pytest.mark.parametrize("model", [_BreakInLoop, _Disabled])
+def test_a_model_torch_compile_runs_eagerly_is_told_that_its_budget_had_no_effect(model):
+    torch.manual_seed(0)
+    compiled = planner.compile(model(), memory_budget=0.0, **EAGER)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        assert not _no_graph_warnings(lambda: compiled(x))  # no training call yet: nothing to say
+    told = _no_graph_warnings(lambda: compiled(x).backward())
+    assert len(told) == 1 and "memory_budget had no effect" in told[0] and "planner.compile_blocks" in told[0]
+    assert not compiled.planner_backend.graphs
+    assert not _no_graph_warnings(lambda: compiled(x).backward())  # once
+
+
+def test_a_model_whose_graphs_reach_the_planner_is_not_told_so():
+    model, batch = gpt_example(TINY)
+    compiled = planner.compile(model, memory_budget=0.5, **EAGER)
+    with torch.no_grad():
+        compiled(*batch)  # an evaluation call first: its graph reaches the backend too
+    assert not _no_graph_warnings(lambda: compiled(*batch).backward())
+
+
+def test_blocks_torch_compile_runs_eagerly_are_told_once_for_all_of_them():
+    blocks = nn.ModuleList(_Disabled() for _ in range(2))
+    planner.compile_blocks(blocks, memory_budget=0.5, **EAGER)
+    told = _no_graph_warnings(lambda: sum(block(torch.randn(4, 8)) for block in blocks).backward())
+    assert len(told) == 1 and "the blocks ran eagerly" in told[0] and "compile_blocks" not in told[0]
