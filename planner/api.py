@@ -183,10 +183,12 @@ def plan(
     estimator: str | None = None,
     config: PlannerConfig | None = None,
     plan_file: str | Path | None = None,
+    **overrides: Any,
 ) -> Plan:
     """Plan activation checkpointing for ``model`` on inputs shaped like ``example_inputs``.
 
-    Keyword arguments override the fields of ``config`` (default :class:`PlannerConfig`); a
+    Keyword arguments override the fields of ``config`` (default :class:`PlannerConfig`), any
+    of them as :func:`planner.compile` takes them (``time_limit=5``, ``codegen="eager"``); a
     config may also be passed third, ``plan(model, inputs, config)``.
     With ``plan_file``, an existing file is reused without solving when it was made for this
     graph and these settings (and refused otherwise); a missing one is written after solving.
@@ -200,13 +202,14 @@ def plan(
     InfeasibleBudget
         If the budget is below the most frugal plan; the error names the smallest budget.
     ConfigError, UnknownNameError
-        For a bad budget, solver or estimator.
+        For a bad budget, solver or estimator, or a setting PlannerConfig does not have.
     PlanFileError
         If ``plan_file`` is malformed, or was made for another graph or other settings.
     """
     if isinstance(memory_budget, PlannerConfig) and config is None:  # plan(model, inputs, config)
         memory_budget, config = None, memory_budget
-    config = (config or PlannerConfig()).replace(memory_budget=memory_budget, solver=solver, estimator=estimator)
+    config = (config or PlannerConfig()).replace(memory_budget=memory_budget, solver=solver, estimator=estimator,
+                                                 **overrides)
     joint = capture(model, as_inputs(example_inputs), codegen=config.codegen, inductor_options=config.inductor_settings())
     # every rank takes rank 0's view of the file, so all of them replay it or all solve together
     if plan_file is not None and from_rank0(Path(plan_file).exists):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import tomllib
+from difflib import get_close_matches
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -190,7 +191,9 @@ class PlannerConfig:
         return seconds, rule
 
     def replace(self, **changes: Any) -> "PlannerConfig":
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again); an unknown name is an error naming
+        the nearest field and the allowed ones."""
+        _known_fields(type(self), changes, "settings")
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     @classmethod
@@ -198,10 +201,7 @@ class PlannerConfig:
         """Build from a mapping; unknown keys are an error naming the allowed ones."""
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a table of planner settings, got {type(data).__name__}")
-        allowed = [f.name for f in fields(cls)]
-        unknown = sorted(set(data) - set(allowed))
-        if unknown:
-            raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)}; allowed fields: {', '.join(allowed)}")
+        _known_fields(cls, data, source)
         return cls(**data)
 
     @classmethod
@@ -261,3 +261,14 @@ def _host_bytes(value: Any) -> int | None:
         raise ConfigError(f"offload_host_bytes={value!r} is invalid; give a non-negative int of bytes, a size such "
                           "as '32GiB', or leave it unset for no bound")
     return value
+
+
+def _known_fields(cls: type, names, source: str) -> None:
+    """Raise a ConfigError where ``names`` holds a name that is not a field of ``cls``, naming the
+    nearest field where one is close and every allowed field."""
+    allowed = [f.name for f in fields(cls)]
+    unknown = sorted(set(names) - set(allowed))
+    if unknown:
+        near = [f"{name} (did you mean {close[0]}?)" if (close := get_close_matches(name, allowed, n=1)) else name
+                for name in unknown]
+        raise ConfigError(f"{source}: unknown field(s) {', '.join(near)}; allowed fields: {', '.join(allowed)}")

@@ -141,7 +141,9 @@ def _capture_error(err: Exception) -> CaptureError:
     where = _user_line(text)
     where = f" at {where}" if where else ""
     split = ("or compile it with planner.compile(model, ...) (torch.compile with planner.backend()), which "
-             "plans the graphs between the breaks against one budget for the whole step")
+             "plans the graphs between the breaks against one budget for the whole step (a break inside the "
+             "loop over a model's layers makes torch.compile skip that whole frame: compile the layers with "
+             "planner.compile_blocks(model.layers) then)")
     if data_dependent:
         return CaptureError(
             f"data-dependent control flow: the model branches on a tensor's value{where} ({first}); "

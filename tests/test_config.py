@@ -33,7 +33,8 @@ def test_yaml_file(tmp_path):
     [
         ("bad.toml", "memory_budget = [", "is not valid TOML"),
         ("bad.yaml", "memory_budget: [0.5", "is not valid YAML"),
-        ("unknown.toml", "memory_budjet = 0.5", "unknown field.*memory_budjet.*allowed fields: memory_budget"),
+        ("unknown.toml", "memory_budjet = 0.5",
+         "unknown field.*memory_budjet \\(did you mean memory_budget\\?\\).*allowed fields: memory_budget"),
         ("solver.toml", 'solver = "magic"', "solver='magic' is not allowed; choose one of: " + ", ".join(available_solvers())),
         ("estimator.toml", 'estimator = "magic"', "estimator='magic' is not allowed; choose one of: auto, constant, flops"),
         ("codegen.toml", 'codegen = "tvm"', "codegen='tvm' is not allowed; choose one of: eager, inductor"),
@@ -92,3 +93,16 @@ def test_auto_time_limit_is_bounded_by_a_multiple_of_pytorchs_partition_time():
     small = int(2 * least / per_node)  # a slow partition never raises the per-node limit
     assert auto.solver_seconds(small, 1e3) == auto.solver_seconds(small) == pytest.approx(per_node * small)
     assert PlannerConfig(time_limit=7).solver_seconds(nodes, quick) == 7.0
+
+
+def test_every_entry_point_takes_any_setting_by_keyword_and_names_a_misspelt_one():
+    import torch
+
+    model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+    p = planner.plan(model, (x,), memory_budget=0.5, time_limit=3, codegen="eager", solver="greedy")
+    assert (p.config.time_limit, p.config.codegen, p.config.solver) == (3, "eager", "greedy")
+    for entry in (lambda: planner.plan(model, (x,), tim_limit=3), lambda: planner.compile(model, tim_limit=3),
+                  lambda: planner.backend(tim_limit=3), lambda: PlannerConfig().replace(tim_limit=3)):
+        with pytest.raises(ConfigError, match=r"unknown field\(s\) tim_limit \(did you mean time_limit\?\); allowed fields: "
+                                              r"memory_budget, solver"):
+            entry()
