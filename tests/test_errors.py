@@ -22,6 +22,19 @@ def test_budget_out_of_range(budget):
         planner.PlannerConfig(memory_budget=budget)
 
 
+@pytest.mark.parametrize("budget,fraction", [(0, "0.0"), (1, "1.0"), ("1", "1.0"), (" 0 ", "0.0")])
+def test_a_whole_number_at_a_fractions_end_is_told_to_write_the_fraction(budget, fraction, tmp_path):
+    # an int is a size in bytes, and TOML and YAML read `memory_budget = 1` as one
+    with pytest.raises(ConfigError, match=rf"read as a size of {fraction[0]} byte.*no training step fits; for the "
+                                          rf"fraction \(the (fast end|most memory-frugal plan)\) write {fraction}"):
+        planner.PlannerConfig(memory_budget=budget)
+    path = tmp_path / "plan.toml"
+    path.write_text(f"memory_budget = {str(budget).strip()}\n")
+    with pytest.raises(ConfigError, match=f"write {fraction}"):
+        planner.PlannerConfig.from_file(path)
+    assert planner.Budget.parse(2).nbytes == 2 and planner.Budget.parse("0B").nbytes == 0  # sizes still read as sizes
+
+
 @pytest.mark.parametrize("text,expected", [("1.5GiB", int(1.5 * 2**30)), ("800 MB", 800 * 10**6), ("4096", 4096), ("0.25", None)])
 def test_budget_sizes_parse(text, expected):
     budget = planner.Budget.parse(text)
