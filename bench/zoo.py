@@ -9,8 +9,9 @@ an absolute budget. Every point stays compiled; once all are built, each one's p
 measured again (the first measure of a step depends on what the process allocated before it,
 :func:`bench.gpu_step.again_together`; the first figures are kept as ``*_alone``) and all are
 timed again in ``--rounds`` interleaved rounds (as ``bench/pareto.py`` does); ``step_ms`` is the
-median of those steps. A second eager copy is timed last in every round: ``spread_ms`` is half the difference
-between the two eager medians, the run's noise as eager shows it (compiled points can vary more).
+median of those steps. A second eager copy is timed last in every round: ``spread_ms`` is half
+the difference between the two eager medians, the run's noise as eager shows it (compiled points
+can vary more).
 Then per point, where the step's time goes (:func:`bench.gpu_step.kernel_and_host`): the GPU's
 busy time, the GPU work it launches (kernels, copies, fills) and the host's launch time per step.
 Where the launches take most of the step, step times follow the host's speed, not the plan's
@@ -149,7 +150,7 @@ def run_model(name: str, args, rows: list[dict], save) -> None:
         mine[0]["spread_ms"] = abs(times[-1] - times[0]) / 2
         for row, (run, params) in zip(mine, kept):
             row.update(kernel_and_host(run, params, batch))
-        save()
+    save()  # the peaks measured again, with or without rounds
     print(_HEADER)
     print("\n".join(map(_row, mine)), flush=True)
     del base, kept

@@ -44,19 +44,22 @@ class Budget:
         if isinstance(value, int):
             if value < 0:
                 raise ConfigError(_HELP.format(value=value))
-            _not_an_end(value, repr(value))
+            if value in (0, 1):  # a fraction's end without its ".0" (TOML and YAML read `memory_budget = 1` so)
+                end = "the most memory-frugal plan" if value == 0 else "the fast end"
+                raise ConfigError(f"memory_budget={value} is a whole number, read as a size of {value} byte"
+                                  f"{'s' if value == 0 else ''}, which no training step fits; for the fraction ({end}) "
+                                  f"write {value}.0")
             return cls(nbytes=value)
         if isinstance(value, str):
             text = value.strip()
             if "." in text and text.replace(".", "", 1).isdigit():
                 return cls.parse(float(text))  # "0.5" in a config file is a fraction
+            if text.isdecimal():
+                return cls.parse(int(text))  # "4096" is bytes, as the int is
             try:
-                nbytes = parse_size(text)
+                return cls(nbytes=parse_size(text))
             except ValueError as err:
                 raise ConfigError(f"memory_budget: {err}") from None
-            if text.isdigit():
-                _not_an_end(nbytes, repr(value))
-            return cls(nbytes=nbytes)
         raise ConfigError(_HELP.format(value=repr(value)))
 
     def resolve(self, problem: Problem, least_peak: int | None = None, pytorch_peak: int | None = None) -> int:
@@ -82,17 +85,6 @@ class Budget:
 
     def __str__(self) -> str:
         return f"{self.fraction:g}" if self.fraction is not None else format_bytes(self.nbytes)
-
-
-def _not_an_end(nbytes: int, written: str) -> None:
-    """A size of 0 or 1 byte, written as a bare number, is a fraction's end without its ``.0`` (an
-    int, as ``memory_budget = 1`` is in TOML and YAML): no step fits it, so it is an error naming
-    the fraction."""
-    if nbytes in (0, 1):
-        end = "the most memory-frugal plan" if nbytes == 0 else "the fast end"
-        raise ConfigError(f"memory_budget={written} is a whole number, read as a size of {nbytes} byte"
-                          f"{'s' if nbytes == 0 else ''}, which no training step fits; for the fraction ({end}) "
-                          f"write {nbytes}.0")
 
 
 _HELP = (

@@ -161,7 +161,7 @@ class PlannerBackend:
         # (planner._torch_compat.fusion_distance_guard), over every graph compiled so far
         self.fusions_refused = SimpleNamespace(refused=0, refused_across=0)
         self.whole_model = False  # compiles a whole model (planner.compile), not blocks one by one
-        self.checked_compiled = False  # whether a training call has shown that a graph reached this backend
+        self._checked_compiled = False  # whether a training call has shown that a graph reached this backend
         self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_settings(),
                                                self.fusions_refused)
 
@@ -848,8 +848,8 @@ def _past_compile_limits(compiled: nn.Module, backend: PlannerBackend, what: str
     def forward(*args: Any, **kwargs: Any) -> Any:
         with _torch_compat.compile_limits_lifted():
             out = run(*args, **kwargs)
-        if not backend.checked_compiled and torch.is_grad_enabled():
-            backend.checked_compiled = True
+        if not backend._checked_compiled and torch.is_grad_enabled():
+            backend._checked_compiled = True
             if not backend._parts:
                 warnings.warn(_NO_GRAPH.format(what=what, fix=_NO_GRAPH_FIX[what]), stacklevel=_callers_level())
         return out
