@@ -69,12 +69,13 @@ class Budget:
         (:func:`~planner.bounds.fast_end_plan`), or to ``pytorch_peak`` where that is lower (the
         peak of PyTorch's own split of the graph, ``PlannerConfig.fast_end``), but not below
         ``least_peak``. Where the fast end's own peak is below ``least_peak``, every fraction
-        resolves to it."""
+        resolves to it. 1.0 is the lower of the two ends' peaks, which no frugal plan is needed
+        to bound (finding the frugal reference of a large graph takes seconds)."""
         if self.nbytes is not None:
             return self.nbytes
         hi = fast_end_plan(problem).peak_bytes
-        if self.fraction == 1.0 and (pytorch_peak is None or pytorch_peak >= hi):
-            return hi
+        if self.fraction == 1.0:  # the peak of a plan (the fast end's or PyTorch's split), met by that plan
+            return hi if pytorch_peak is None else min(hi, pytorch_peak)
         if least_peak is None:
             from solvers.reference import reference_plan  # solvers build on planner, not the reverse
             least_peak = reference_plan(problem).peak_bytes

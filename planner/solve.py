@@ -74,7 +74,10 @@ def solve_graph(joint: JointGraph, config: PlannerConfig, held_bytes: int = 0, r
         nbytes = budget.resolve(problem, least.plan.peak_bytes if least else None, theirs.get(PYTORCH_PEAK))
         if budget.nbytes is not None:
             nbytes = max(0, nbytes - held_bytes)
-        settings = dict(frugal=least.plan if least else None, frugal_proven=bool(least and least.optimal),
+        # at 1.0 the split is the floor: the budget is its peak or the fast end's, below which
+        # nothing is searched, so the frugal reference (seconds on a large graph) is not needed
+        floor = least.plan if least else split if budget.fraction == 1.0 else None
+        settings = dict(frugal=floor, frugal_proven=bool(least and least.optimal),
                         starts={"pytorch split": split} if split is not None else None)
         try:
             decision = solver.solve(problem, nbytes, **settings)

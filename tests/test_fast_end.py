@@ -43,12 +43,16 @@ def test_without_save_costs_the_fast_end_is_the_fastest_plan():
 def _frugal_split(joint, problem, fuse=True):
     """PyTorch's split stubbed as the frugal reference: a split below the planner's fast end,
     which the test models do not have."""
+    return _split_as(reference_plan(problem), joint, problem, fuse)
+
+
+def _split_as(plan, joint, problem, fuse=True):
+    """PyTorch's split stubbed as ``plan``, with the figures :func:`planner.torch_split.pytorch_split` gives."""
     import numpy as np
 
     from planner.predict import simulated_peak
     from planner.torch_split import PYTORCH_PEAK, PYTORCH_SIMULATED_PEAK
 
-    plan = reference_plan(problem)
     names = tuple(problem.names[i] for i in np.flatnonzero(plan.saved))
     return plan, {PYTORCH_PEAK: plan.peak_bytes, PYTORCH_SIMULATED_PEAK: simulated_peak(joint, problem, names, fuse)}
 
@@ -385,3 +389,67 @@ def test_budget_zero_keeps_only_the_polish_saves_that_leave_the_predicted_peak_w
     note = least_peak_polish(joint, problem, swept_plan).stats["polish"]
     assert note["dropped"] == [raiser] and note["dropped_at_peak"] == 1 and note["added"] == harmless
     assert note["simulations"] == 3  # the start's, all the saves', and all but the one dropped
+
+
+def test_budget_one_with_pytorchs_split_searches_for_no_frugal_plan(monkeypatch, tmp_path):
+    """Budget 1.0 is the peak of a plan, the fast end's or the split's, so nothing below it is
+    looked for: the frugal reference's local search (seconds on a large graph: 2 s of ConvFormer's
+    plan at 1.0 on a 2-core CPU) does not run, and the plan is the one it was with it. The split
+    is stubbed as the plan of budget 0.5, below the fastest plan's peak, so that the solver
+    searches below the fastest plan, as on a GPU's prices."""
+    from planner import budget, solve
+    from planner.config import PlannerConfig
+    from planner.decisions import forget_decisions
+    from planner.problem import evaluate_names
+    from planner.torch_split import PYTORCH_PEAK
+    from planner.tracing import as_inputs, capture
+    from solvers import reference
+    from tests import models
+
+    model, inputs = models.gpt()
+    joint = capture(model, as_inputs(inputs), codegen="inductor")
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path))
+    forget_decisions()
+    half = solve.solve_graph(joint, PlannerConfig(memory_budget=0.5, time_limit=5)).decision.saved
+    monkeypatch.setattr(solve, "pytorch_split", lambda joint, problem, fuse=True: _split_as(
+        evaluate_names(problem, half), joint, problem, fuse))
+    config = PlannerConfig(memory_budget=1.0, time_limit=5)
+    forget_decisions()
+    monkeypatch.setattr(reference, "_FOUND", {})
+    searched = []
+    starting = reference.starting_plans
+    monkeypatch.setattr(reference, "starting_plans", lambda problem: searched.append(1) or starting(problem))
+    plan = solve.solve_graph(joint, config)
+    split_peak = plan.decision.stats[PYTORCH_PEAK]
+    assert split_peak < bounds.runtime_optimal_plan(plan.problem).peak_bytes  # so the solver searched
+    assert plan.decision.peak_bytes <= plan.decision.budget_bytes == split_peak
+    assert budget.Budget(fraction=1.0).resolve(plan.problem, None, split_peak) == split_peak
+    assert searched == []
+
+    # with the frugal reference as the solver's floor, as before, the same plan comes out
+    forget_decisions()
+    monkeypatch.setenv("ACPLAN_CACHE_DIR", str(tmp_path / "floor"))
+    floor = reference_plan(plan.problem)
+    assert searched and floor.peak_bytes < split_peak
+    given = solve.configured_solver
+    monkeypatch.setattr(solve, "configured_solver", lambda *a: _with_floor(given(*a), floor))
+    again = solve.solve_graph(joint, config).decision
+    assert again.saved == plan.decision.saved
+    assert _solvers_own(again) == _solvers_own(plan.decision)
+
+
+def _solvers_own(decision):
+    """The peak, seconds and status of the solver's plan, whether or not budget 1.0 took the split."""
+    from planner.torch_split import FAST_END_CHOICE
+
+    choice = decision.stats.get(FAST_END_CHOICE)
+    if choice is None:
+        return decision.peak_bytes, decision.seconds, decision.status
+    return choice["solver_peak_bytes"], choice["solver_seconds"], choice["solver_status"]
+
+
+def _with_floor(solver, floor):
+    """``solver`` whose ``solve`` is given ``floor`` as the frugal plan whatever it is called with."""
+    solve = solver.solve
+    solver.solve = lambda problem, nbytes, frugal=None, **kw: solve(problem, nbytes, frugal=floor, **kw)
+    return solver
