@@ -567,6 +567,15 @@ def no_matmul_padding() -> dict[str, Any]:
     return {"shape_padding": False} if hasattr(inductor_config, "shape_padding") else {}
 
 
+def inductor_modes() -> dict[str, dict[str, Any]]:
+    """``torch.compile``'s modes and the inductor settings each stands for
+    (``torch._inductor.list_mode_options``): ``"max-autotune-no-cudagraphs"``:
+    ``{"max_autotune": True, "coordinate_descent_tuning": True}``, ..."""
+    from torch._inductor import list_mode_options
+
+    return {mode: dict(list_mode_options(mode)) for mode in list_mode_options()}
+
+
 def inductor_layout_opt(nodes: list[fx.Node]) -> bool:
     """Whether inductor lays out a training forward graph of ``nodes`` channels-last (its layout
     optimisation, decided by ``GraphLowering.decide_layout_opt``, which reads only the graph's

@@ -183,13 +183,15 @@ def plan(
     estimator: str | None = None,
     config: PlannerConfig | None = None,
     plan_file: str | Path | None = None,
+    mode: str | None = None,
     **overrides: Any,
 ) -> Plan:
     """Plan activation checkpointing for ``model`` on inputs shaped like ``example_inputs``.
 
     Keyword arguments override the fields of ``config`` (default :class:`PlannerConfig`), any
     of them as :func:`planner.compile` takes them (``time_limit=5``, ``codegen="eager"``); a
-    config may also be passed third, ``plan(model, inputs, config)``.
+    config may also be passed third, ``plan(model, inputs, config)``. ``mode`` is one of
+    ``torch.compile``'s (:meth:`PlannerConfig.with_compile_arguments`).
     With ``plan_file``, an existing file is reused without solving when it was made for this
     graph and these settings (and refused otherwise); a missing one is written after solving.
     Under ``torch.distributed`` every rank calls ``plan`` alike: rank 0 solves, the others get its
@@ -209,7 +211,7 @@ def plan(
     if isinstance(memory_budget, PlannerConfig) and config is None:  # plan(model, inputs, config)
         memory_budget, config = None, memory_budget
     config = (config or PlannerConfig()).replace(memory_budget=memory_budget, solver=solver, estimator=estimator,
-                                                 **overrides)
+                                                 **overrides).with_compile_arguments(mode)
     joint = capture(model, as_inputs(example_inputs), codegen=config.codegen, inductor_options=config.inductor_settings())
     # every rank takes rank 0's view of the file, so all of them replay it or all solve together
     if plan_file is not None and from_rank0(Path(plan_file).exists):

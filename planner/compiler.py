@@ -126,6 +126,7 @@ class PlannerBackend:
             raise ConfigError(f"repeats={repeats!r} is invalid; give the number of times a graph runs before its "
                               "backward in one step (a positive int, 1 for a model compiled whole)")
         self.config = config
+        self._given = None  # the config before torch.compile's mode and options, once they came
         self.fixed = fixed
         # with ``fixed``: the autocast the plan's graph was captured under, and the one of the
         # graph compiling now (a new autocast makes another graph: its casts and saved bytes),
@@ -464,7 +465,12 @@ class PlannerBackend:
         parts = list(self._live)
         return sum(self._grad_bytes(q) for q in parts[parts.index(part) + 1:])
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
+    def __call__(self, gm: fx.GraphModule, example_inputs: list, mode: str | None = None,
+                 options: dict[str, Any] | None = None) -> Callable:
+        if mode is not None or options is not None:  # torch.compile's own (PlannerConfig.with_compile_arguments)
+            if self._given is None:
+                self._given = self.config
+            self.config = self._given.with_compile_arguments(mode, options)
         compiling = _torch_compat.compiling_frame()
         # one compile of a frame may hand over several graphs, each its own part of the step
         # (DDP's graph splitting compiles one per gradient bucket): they are told apart by their
@@ -775,8 +781,11 @@ def _tensors(out: Any) -> list[torch.Tensor]:
     return [t for t in _outputs(out) if isinstance(t, torch.Tensor)]
 
 
-def backend(config: PlannerConfig | None = None, **overrides: Any) -> PlannerBackend:
+def backend(config: PlannerConfig | None = None, mode: str | None = None, **overrides: Any) -> PlannerBackend:
     """A backend for ``torch.compile(model, backend=planner.backend(memory_budget=0.5))``.
+    ``mode`` is one of ``torch.compile``'s, as :func:`compile` and :func:`compile_blocks` take it
+    too (:meth:`PlannerConfig.with_compile_arguments`); ``torch.compile``'s own ``mode`` and
+    ``options`` reach the backend the same way.
 
     Graph breaks are allowed. A fraction applies to each graph's own range; an absolute budget
     bounds the step's peak, each graph getting what the graphs before it in the step leave of it
@@ -784,7 +793,7 @@ def backend(config: PlannerConfig | None = None, **overrides: Any) -> PlannerBac
     per class of model, and after ``recompile_limit`` (8) compiles of one class with other
     backends it runs that class eagerly, unplanned; :func:`compile` does not share that limit.
     """
-    config = (config or PlannerConfig()).replace(**overrides)
+    config = (config or PlannerConfig()).replace(**overrides).with_compile_arguments(mode)
     return PlannerBackend(config)
 
 
@@ -792,13 +801,17 @@ CONFIG_VARIABLE = "ACPLAN_CONFIG"
 named_plans: list[GraphPlan] = []  # every graph the named backend planned in this process, in order
 
 
-def named_backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
+def named_backend(gm: fx.GraphModule, example_inputs: list, mode: str | None = None,
+                  options: dict[str, Any] | None = None) -> Callable:
     """The backend ``torch.compile(model, backend="acplanner")`` finds by name (registered as
     a ``torch_dynamo_backends`` entry point, so tools that take a backend name, such as the
     transformers Trainer's ``torch_compile_backend``, can use it without importing the planner).
 
     Settings come from the TOML or YAML file named by ``$ACPLAN_CONFIG``, read as each graph is
-    compiled (defaults without it). Each graph is planned on its own: an absolute budget bounds
+    compiled (defaults without it), and from ``torch.compile``'s ``options`` (planner settings
+    over the file's) and ``mode`` (:meth:`PlannerConfig.with_compile_arguments`), e.g.
+    ``torch.compile(model, backend="acplanner", options={"memory_budget": 0.5},
+    mode="max-autotune-no-cudagraphs")``. Each graph is planned on its own: an absolute budget bounds
     each graph's peak, not the step's (:func:`compile` and :func:`backend` plan the graphs of one
     step together). Each graph's plan is appended to :data:`named_plans`.
 
@@ -808,7 +821,8 @@ def named_backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
         If ``$ACPLAN_CONFIG`` names a missing or invalid file (torch.compile wraps it).
     """
     path = os.environ.get(CONFIG_VARIABLE)
-    planned = PlannerBackend(PlannerConfig.from_file(path) if path else PlannerConfig())
+    config = PlannerConfig.from_file(path) if path else PlannerConfig()
+    planned = PlannerBackend(config.with_compile_arguments(mode, options))
     compiled = planned(gm, example_inputs)
     named_plans.extend(planned.graphs)
     return compiled
@@ -877,7 +891,8 @@ _NO_GRAPH_FIX = {"the model": "Remove the break, or compile the repeated blocks 
                  "the blocks": "Remove the break from the blocks' forward"}
 
 
-def compile_blocks(blocks: nn.Module, config: PlannerConfig | None = None, **overrides: Any) -> PlannerBackend:
+def compile_blocks(blocks: nn.Module, config: PlannerConfig | None = None, mode: str | None = None,
+                   **overrides: Any) -> PlannerBackend:
     """Compile each block of ``blocks`` (a model's ``nn.ModuleList``, ``nn.Sequential`` or
     ``nn.ModuleDict`` of repeated layers) on its own with one planner backend, replacing it with
     its compiled module as torchtitan does before sharding (``fully_shard`` then wraps the
@@ -901,7 +916,8 @@ def compile_blocks(blocks: nn.Module, config: PlannerConfig | None = None, **ove
 
         raise ConfigError(f"compile_blocks takes a model's non-empty nn.ModuleList, nn.Sequential or nn.ModuleDict of "
                           f"blocks (such as model.layers), got {type(blocks).__name__}")
-    planned = PlannerBackend((config or PlannerConfig()).replace(**overrides), repeats=len(blocks))
+    planned = PlannerBackend((config or PlannerConfig()).replace(**overrides).with_compile_arguments(mode),
+                             repeats=len(blocks))
     named = list(blocks.named_children())
     own_forward([block for _, block in named])
     for name, block in named:

@@ -196,6 +196,47 @@ class PlannerConfig:
         _known_fields(type(self), changes, "settings")
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
+    def with_compile_arguments(self, mode: str | None = None, options: Any = None) -> "PlannerConfig":
+        """This config with the arguments ``torch.compile`` hands the backend it is given (by name
+        or as an object): ``options``, planner settings by field name, over this config's (as
+        inductor reads its own settings from them); ``mode``, one of inductor's modes
+        (``"max-autotune-no-cudagraphs"``...), as the inductor settings it stands for, under
+        ``inductor_options`` (where those set the same setting, theirs stands).
+
+        Raises
+        ------
+        ConfigError
+            For options that are not a mapping of settings or name no setting (inductor's own
+            go under ``inductor_options``), an unknown mode, or a mode that runs the step as CUDA
+            graphs (``"reduce-overhead"``, ``"max-autotune"``): their memory pools are outside the
+            planner's peak, and planned steps have not been measured under them.
+        """
+        from planner._torch_compat import inductor_modes
+
+        config = self
+        if options is not None:
+            if not isinstance(options, dict):
+                raise ConfigError(f"torch.compile(options={options!r}): give a dict of planner settings, "
+                                  "e.g. options={'memory_budget': 0.5}")
+            try:
+                _known_fields(type(self), options, "torch.compile(options=...)")
+            except ConfigError as err:
+                raise ConfigError(f"{err} (options name planner settings; inductor's go under inductor_options)") from None
+            config = config.replace(**options)
+        if mode is not None and mode != "default":
+            modes = inductor_modes()
+            if mode not in modes:
+                raise ConfigError(f"torch.compile(mode={mode!r}): no such mode; inductor's are {', '.join(modes)}")
+            settings = modes[mode]
+            if settings.get("triton.cudagraphs"):
+                plain = [m for m, s in modes.items() if not s.get("triton.cudagraphs") and m != "default"]
+                raise ConfigError(
+                    f"torch.compile(mode={mode!r}) runs the step as CUDA graphs, whose memory pools the planner's "
+                    f"peak does not count and with which planned steps have not been measured; use a mode without "
+                    f"them ({', '.join(plain)}), or ask for them as inductor_options={{'triton.cudagraphs': True}}")
+            config = replace(config, inductor_options={**settings, **config.inductor_options})
+        return config
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> "PlannerConfig":
         """Build from a mapping; unknown keys are an error naming the allowed ones."""

@@ -201,6 +201,52 @@ def test_the_named_backend_reads_its_settings_from_the_environment(tmp_path):
     assert failed.returncode != 0 and "cannot read config file" in failed.stderr and "missing.toml" in failed.stderr
 
 
+def test_torch_compiles_own_mode_and_options_reach_the_backend_by_name_or_as_an_object():
+    """torch.compile hands its backend its ``options`` and ``mode``: options are planner settings
+    over the config's, a mode its inductor settings (under inductor_options, whose own stand);
+    planner.compile, compile_blocks, backend and plan take ``mode`` too. The modes that run CUDA
+    graphs, a mode that does not exist and options that name no planner setting are refused,
+    naming what to do instead."""
+    from planner._torch_compat import inductor_modes
+    from planner.compiler import named_plans
+
+    def tiny():
+        return gpt_example(GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64, batch=2, dropout=0.0))
+
+    torch._dynamo.reset()  # torch.compile of the GPT class directly: no earlier test's compiles count
+    settings = {"memory_budget": 0.0, "solver": "greedy", "codegen": "eager"}
+    assert_same_step(tiny, lambda model, inputs: torch.compile(model, backend="acplanner", options=settings))
+    model, batch = tiny()
+    frugal = planner.plan(model, batch, **settings).decision
+    assert named_plans[-1].decision.solver == "greedy" and named_plans[-1].decision.budget_bytes == frugal.budget_bytes
+
+    torch._dynamo.reset()
+    lite = inductor_modes()["lite"]
+    assert lite  # a mode of inductor settings, which the planned graphs are compiled with
+    objects = []
+    assert_same_step(tiny, lambda model, inputs: torch.compile(
+        model, backend=objects.append(planner.backend(solver="greedy")) or objects[-1], mode="lite"))
+    assert objects[0].config.inductor_options == lite and objects[0].graphs
+    assert planner.compile(model, mode="lite").planner_backend.config.inductor_options == lite
+    assert planner.backend(mode="default").config.inductor_options == {}
+
+    autotuned = inductor_modes()["max-autotune-no-cudagraphs"]
+    mine = planner.PlannerConfig(inductor_options={"coordinate_descent_tuning": False})
+    assert mine.with_compile_arguments("max-autotune-no-cudagraphs").inductor_options == {
+        **autotuned, "coordinate_descent_tuning": False}
+    for mode in [m for m, options in inductor_modes().items() if options.get("triton.cudagraphs")]:
+        with pytest.raises(planner.ConfigError, match=f"mode='{mode}'.*CUDA graphs.*max-autotune-no-cudagraphs"):
+            planner.PlannerConfig().with_compile_arguments(mode)
+    with pytest.raises(planner.ConfigError, match="no such mode; inductor's are default"):
+        planner.compile(model, mode="fastest")
+    with pytest.raises(planner.ConfigError, match="max_autotune.*inductor's go under inductor_options"):
+        planner.PlannerConfig().with_compile_arguments(options={"max_autotune": True})
+    with pytest.raises(planner.ConfigError, match="did you mean memory_budget"):
+        planner.PlannerConfig().with_compile_arguments(options={"memory_budjet": 0.5})
+    with pytest.raises(planner.ConfigError, match="give a dict of planner settings"):
+        planner.PlannerConfig().with_compile_arguments(options=[("memory_budget", 0.5)])
+
+
 def test_a_recompiled_graph_replaces_its_earlier_self_in_the_step():
     torch.manual_seed(0)
     model = TwoGraphs()
