@@ -81,10 +81,10 @@ def test_auto_time_limit_scales_with_the_problem_within_its_range():
 
 
 def test_auto_time_limit_is_bounded_by_a_multiple_of_pytorchs_partition_time():
-    from planner.config import AUTO_PARTITION_MULTIPLE, AUTO_TIME_LIMIT
+    from planner.config import AUTO_FAST_END_MULTIPLE, AUTO_PARTITION_MULTIPLE, AUTO_TIME_LIMIT
 
     per_node, least, most = AUTO_TIME_LIMIT
-    auto = PlannerConfig()
+    auto = PlannerConfig(memory_budget=0.5)
     nodes = int(most / per_node)  # the per-node rule alone gives the most
     quick = (least + most) / 2 / AUTO_PARTITION_MULTIPLE
     assert auto.solver_seconds(nodes, quick) == pytest.approx(AUTO_PARTITION_MULTIPLE * quick)
@@ -93,6 +93,9 @@ def test_auto_time_limit_is_bounded_by_a_multiple_of_pytorchs_partition_time():
     small = int(2 * least / per_node)  # a slow partition never raises the per-node limit
     assert auto.solver_seconds(small, 1e3) == auto.solver_seconds(small) == pytest.approx(per_node * small)
     assert PlannerConfig(time_limit=7).solver_seconds(nodes, quick) == 7.0
+    # at budget 1.0 (the default) the split runs unless the solver's plan holds clearly less
+    assert PlannerConfig().solver_seconds(nodes, quick) == pytest.approx(max(least, AUTO_FAST_END_MULTIPLE * quick))
+    assert PlannerConfig().solver_seconds(nodes, quick) < auto.solver_seconds(nodes, quick)
 
 
 def test_every_entry_point_takes_any_setting_by_keyword_and_names_a_misspelt_one():

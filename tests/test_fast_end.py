@@ -263,10 +263,11 @@ def test_budget_one_takes_pytorchs_split_unless_the_solvers_plan_holds_clearly_l
 
 def test_the_auto_time_limit_is_a_multiple_of_pytorchs_partition_where_that_was_timed(monkeypatch, tmp_path):
     """A fraction budget times PyTorch's split of the graph; the auto limit is then no more than
-    AUTO_PARTITION_MULTIPLE times that, and the decision says which rule set it."""
+    AUTO_PARTITION_MULTIPLE times that (AUTO_FAST_END_MULTIPLE at 1.0), and the decision says
+    which rule set it."""
     import planner.config as config_module
     from planner import solve, torch_split
-    from planner.config import AUTO_PARTITION_MULTIPLE, PlannerConfig
+    from planner.config import AUTO_FAST_END_MULTIPLE, AUTO_PARTITION_MULTIPLE, PlannerConfig
     from planner.decisions import forget_decisions
     from planner.tracing import as_inputs, capture
     from tests import models
@@ -282,6 +283,12 @@ def test_the_auto_time_limit_is_a_multiple_of_pytorchs_partition_where_that_was_
     partition = stats[torch_split.PYTORCH_SPLIT_SECONDS]
     assert 0 < partition and stats["time_limit"]["seconds"] == pytest.approx(AUTO_PARTITION_MULTIPLE * partition)
     assert "PyTorch's partition of the graph" in stats["time_limit"]["rule"]
+    # at 1.0 the split runs unless the solver's plan holds clearly less: a smaller multiple
+    forget_decisions()
+    stats = solve.solve_graph(joint, PlannerConfig(memory_budget=1.0, solver="greedy")).decision.stats
+    assert AUTO_FAST_END_MULTIPLE < AUTO_PARTITION_MULTIPLE
+    assert stats["time_limit"]["seconds"] == pytest.approx(AUTO_FAST_END_MULTIPLE * stats[torch_split.PYTORCH_SPLIT_SECONDS])
+    assert f"{AUTO_FAST_END_MULTIPLE:g}x PyTorch's partition" in stats["time_limit"]["rule"]
     # an absolute budget makes no split: the per-node rule
     forget_decisions()
     plan = solve.solve_graph(joint, PlannerConfig(memory_budget=10**9, solver="greedy"))
