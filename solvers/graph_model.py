@@ -122,6 +122,19 @@ class RowBuilder:
         return RowBuilder(self.num_vars, *(list(getattr(self, f)) for f in
                                            ("integral", "row_ids", "col_ids", "coefs", "lower", "upper", "unit")))
 
+    def with_rows_of(self, other: "RowBuilder", first: int) -> "RowBuilder":
+        """A copy with ``other``'s rows after its own, ``other``'s columns from ``first`` on (the
+        ones it added) numbered after this one's columns; those below ``first`` are shared."""
+        out = self.copy()
+        cols = np.asarray(other.col_ids, dtype=np.int64)
+        out.col_ids.extend(np.where(cols >= first, cols + (self.num_vars - first), cols).tolist())
+        out.row_ids.extend((np.asarray(other.row_ids, dtype=np.int64) + len(self.lower)).tolist())
+        for name in ("coefs", "lower", "upper", "unit"):
+            getattr(out, name).extend(getattr(other, name))
+        out.integral.extend(other.integral[first:])
+        out.num_vars += other.num_vars - first
+        return out
+
     def freeze(self, base: "GraphModel") -> GraphModel:
         """The model with these rows and variables, objectives and node maps taken from ``base``."""
         rows = sp.csr_matrix((self.coefs, (self.row_ids, self.col_ids)), shape=(len(self.lower), self.num_vars))

@@ -119,13 +119,17 @@ class PeakRows:
                 self.away_after.append((int(f), int(c), float(problem.nbytes[v])))
                 self.away_until.setdefault(int(v), []).append((int(b), int(c)))
 
-    def add(self, build: RowBuilder, forward_steps, backward_steps, limit: "Limit") -> None:
-        """Rows ``memory(step) <= limit`` at the given forward and backward steps."""
-        made_cache: dict[int, dict[int, int]] = {}
-        computed_cache: dict = {}
+    def add(self, build: RowBuilder, forward_steps, backward_steps, limit: "Limit", kept: dict | None = None) -> None:
+        """Rows ``memory(step) <= limit`` at the given forward and backward steps. ``kept``: the
+        columns rows added to ``build`` before made (so that more steps' rows can be added)."""
+        kept = {} if kept is None else kept
+        made_cache: dict[int, dict[int, int]] = kept.setdefault("made", {})
+        computed_cache: dict = kept.setdefault("computed", {})
         for f in sorted(forward_steps):
             limit.row(build, *self._forward(build, f, computed_cache))
-        fusion = self._fusion(build)
+        if "fusion" not in kept:
+            kept["fusion"] = self._fusion(build)
+        fusion = kept["fusion"]
         for t in sorted(backward_steps):
             made_now = self._made(build, t, made_cache)
             made_before = self._made(build, t - 1, made_cache)
@@ -382,6 +386,28 @@ class Steps:
 
     forward: set[int] = field(default_factory=set)
     backward: set[int] = field(default_factory=set)
+    # per fixed limit, its memory rows made so far (:class:`_Rows`), which a later program takes
+    # instead of making them again (on timm's RexNet-100 they took 2.5 s per program)
+    rows: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Rows:
+    """Memory rows over a model's ``first`` binaries, the columns they add numbered from
+    ``first``; the steps they are at, and what :meth:`PeakRows.add` keeps to add more."""
+
+    first: int
+    build: RowBuilder
+    forward: set[int] = field(default_factory=set)
+    backward: set[int] = field(default_factory=set)
+    kept: dict = field(default_factory=dict)
+
+    def grown(self, rows: PeakRows, forward_steps: set[int], backward_steps: set[int], limit: "Limit") -> RowBuilder:
+        """The rows at every given step, those not made yet added."""
+        rows.add(self.build, forward_steps - self.forward, backward_steps - self.backward, limit, self.kept)
+        self.forward |= forward_steps
+        self.backward |= backward_steps
+        return self.build
 
 
 def solve_within_peak(
@@ -416,9 +442,17 @@ def solve_within_peak(
     forward_steps.add(len(problem) - 1)
     backward_steps.update((0, int(np.argmax(problem.schedule.base))))
     rounds, fitting = 0, None
+    made = None  # the memory rows of a fixed limit, kept for the later rounds and programs
+    if peak_span is None and offload is None:
+        first = len(base.runtime)
+        made = steps.rows.setdefault((float(limit_bytes), unit, first),
+                                     _Rows(first, RowBuilder(first, [False] * first)))
     while True:
-        trial = build.copy()
-        rows.add(trial, forward_steps, backward_steps, limit)
+        if made is None:
+            trial = build.copy()
+            rows.add(trial, forward_steps, backward_steps, limit)
+        else:
+            trial = build.with_rows_of(made.grown(rows, forward_steps, backward_steps, limit), made.first)
         result = solve(trial.freeze(base), limit)
         rounds += 1
         stats = {"rounds": rounds, "memory_rows": len(forward_steps) + len(backward_steps), "variables": trial.num_vars}

@@ -135,6 +135,49 @@ def test_rows_at_more_steps_change_no_optimum(problem, fraction, data):
     assert steps.forward >= given_forward and steps.backward >= given_backward
 
 
+@settings(max_examples=25, deadline=None)
+@given(timed_problems, st.floats(0, 1))
+def test_the_programs_of_one_solve_make_each_steps_memory_rows_once(problem, fraction):
+    # The lazy rounds of a program add rows at the new steps only, and a later program of the
+    # same limit (the full one after the rounding's and the restricted ones) takes every row made
+    # before, its own columns (a restriction's, as the patterns program adds) numbered first:
+    # each step's rows are made once, and the optimum is every plan's best.
+    plans = list(all_plans(problem))
+    frugal = min(plans, key=lambda p: p.peak_bytes)
+    budget = frugal.peak_bytes + int((runtime_optimal_plan(problem).peak_bytes - frugal.peak_bytes) * fraction)
+    best = min((p.seconds for p in plans if p.peak_bytes <= budget))
+    made = {"forward": 0, "backward": 0}
+    own = {name: getattr(PeakRows, f"_{name}") for name in made}
+
+    def counted(name):
+        def step(self, *args):
+            made[name] += 1
+            return own[name](self, *args)
+        return step
+
+    def restrict(build, base):  # a column of the program's own, before the memory rows
+        (extra,) = build.add_vars(1, integral=True)
+        build.add_row([int(extra)], [1.0], 0.0, 1.0)
+
+    def run(model, objective, start):
+        return solve_highs(model, objective, float("inf"))
+
+    steps = Steps()
+    for name in made:
+        setattr(PeakRows, f"_{name}", counted(name))
+    try:
+        found = [within_peak(problem, budget, frugal, float("inf"), run, restrict=restrict, steps=steps)]
+        assert made == {"forward": len(steps.forward), "backward": len(steps.backward)}
+        found.append(within_peak(problem, budget, frugal, float("inf"), run, steps=steps))
+        assert made == {"forward": len(steps.forward), "backward": len(steps.backward)}
+    finally:
+        for name in made:
+            setattr(PeakRows, f"_{name}", own[name])
+    for solution in found:
+        assert solution.status == Status.OPTIMAL
+        assert evaluate(problem, solution.saved).seconds == pytest.approx(best, abs=1e-4 * problem.runtime.max() + 1e-12)
+
+
 @settings(max_examples=15, deadline=None)
 @given(timed_problems, st.integers(2, 4))
 def test_a_repeated_graph_counts_its_other_runs_saved_values_and_the_least_peak_search_sees_them(problem, repeats):
