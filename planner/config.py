@@ -31,9 +31,9 @@ AUTO_TIME_LIMIT = (0.01, 5.0, 60.0)
 AUTO_PARTITION_MULTIPLE = 10.0
 # ... and at budget 1.0 this many: there the solver's plan replaces PyTorch's split only where it
 # holds clearly less (planner.torch_split.prefer_pytorch_split), and otherwise the split is what
-# runs. On timm's RexNet-100 and ConvFormer-S18 (batch 64, bf16, H100 prices, 2-core CPU) 5 s
-# gave the solver's plans of 32.3 s and 12.3 s, the same bytes and seconds, and the split was
-# taken each time; the plans took 45 s and 11-20 s.
+# runs. On timm's RexNet-100 and ConvFormer-S18 (batch 64, bf16, H100 prices, 2-core CPU) a 5 s
+# limit gave the solver the plans, of the same bytes and seconds, that 32.3 s and 12.3 s gave it,
+# and the split was taken each time; their plans at 1.0 took 45 s and 11-20 s.
 AUTO_FAST_END_MULTIPLE = 2.0
 
 
