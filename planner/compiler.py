@@ -125,7 +125,6 @@ class PlannerBackend:
 
             raise ConfigError(f"repeats={repeats!r} is invalid; give the number of times a graph runs before its "
                               "backward in one step (a positive int, 1 for a model compiled whole)")
-        self.config = config
         self._given = None  # the config before torch.compile's mode and options, once they came
         self.fixed = fixed
         # with ``fixed``: the autocast the plan's graph was captured under, and the one of the
@@ -163,6 +162,11 @@ class PlannerBackend:
         self.fusions_refused = SimpleNamespace(refused=0, refused_across=0)
         self.whole_model = False  # compiles a whole model (planner.compile), not blocks one by one
         self._checked_compiled = False  # whether a training call has shown that a graph reached this backend
+        self._use(config)
+
+    def _use(self, config: PlannerConfig) -> None:
+        """Plan and compile with ``config`` from now on."""
+        self.config = config
         self._compile: Callable = make_backend(self.partition, config.codegen, config.inductor_settings(),
                                                self.fusions_refused)
 
@@ -470,7 +474,9 @@ class PlannerBackend:
         if mode is not None or options is not None:  # torch.compile's own (PlannerConfig.with_compile_arguments)
             if self._given is None:
                 self._given = self.config
-            self.config = self._given.with_compile_arguments(mode, options)
+            config = self._given.with_compile_arguments(mode, options)
+            if config != self.config:
+                self._use(config)
         compiling = _torch_compat.compiling_frame()
         # one compile of a frame may hand over several graphs, each its own part of the step
         # (DDP's graph splitting compiles one per gradient bucket): they are told apart by their

@@ -227,6 +227,11 @@ def test_torch_compiles_own_mode_and_options_reach_the_backend_by_name_or_as_an_
     assert_same_step(tiny, lambda model, inputs: torch.compile(
         model, backend=objects.append(planner.backend(solver="greedy")) or objects[-1], mode="lite"))
     assert objects[0].config.inductor_options == lite and objects[0].graphs
+    # the settings given so reach the compile itself, not only the backend's config
+    torch._dynamo.reset()
+    unknown = torch.compile(tiny()[0], backend=planner.backend(), options={"inductor_options": {"no_such_setting": 1}})
+    with pytest.raises(Exception, match="inductor has no setting no_such_setting"):
+        unknown(*batch)
     assert planner.compile(model, mode="lite").planner_backend.config.inductor_options == lite
     assert planner.backend(mode="default").config.inductor_options == {}
 
