@@ -442,17 +442,17 @@ def solve_within_peak(
     forward_steps.add(len(problem) - 1)
     backward_steps.update((0, int(np.argmax(problem.schedule.base))))
     rounds, fitting = 0, None
-    made = None  # the memory rows of a fixed limit, kept for the later rounds and programs
+    shared = None  # the memory rows of a fixed limit, kept for the later rounds and programs
     if peak_span is None and offload is None:
         first = len(base.runtime)
-        made = steps.rows.setdefault((float(limit_bytes), unit, first),
-                                     _Rows(first, RowBuilder(first, [False] * first)))
+        shared = steps.rows.setdefault((float(limit_bytes), unit, first),
+                                       _Rows(first, RowBuilder(first, [False] * first)))
     while True:
-        if made is None:
+        if shared is None:
             trial = build.copy()
             rows.add(trial, forward_steps, backward_steps, limit)
         else:
-            trial = build.with_rows_of(made.grown(rows, forward_steps, backward_steps, limit), made.first)
+            trial = build.with_rows_of(shared.grown(rows, forward_steps, backward_steps, limit), shared.first)
         result = solve(trial.freeze(base), limit)
         rounds += 1
         stats = {"rounds": rounds, "memory_rows": len(forward_steps) + len(backward_steps), "variables": trial.num_vars}
